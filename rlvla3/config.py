@@ -1,0 +1,440 @@
+"""The configuration schema: every default of rlvla3 lives here, and only here.
+
+Hydra composes `conf/` (whose YAML files are diffs against this schema) into a `RunConfig`.
+Role code reads typed fields; it never calls `cfg.get(key, default)`. Values derived from the
+user's values (the world layout, the sharding plan, rollout-step arithmetic) get their own names
+in `Derived` and are never written back into the user's fields.
+
+Definitions used throughout (also in README.md):
+- a *rollout step* is `algo.rollout_batch` samples (env transitions);
+- it is trained as `update_epochs * rollout_batch / global_batch` optimizer steps;
+- a *version* is the weights published after a rollout step; the Trainer trains rollout step k
+  with version k and then publishes version k + 1;
+- η (`mode.eta`) counts versions: a sample used in rollout step k was produced by version ≥ k - η;
+- π_prox (the proximal policy of decoupled PPO) is the weights at the start of the rollout step;
+- a *segment* is `algo.segment_steps` consecutive steps of one env group; a segment cut mid-episode
+  stores the bootstrap value V(s_T) of the observation that follows it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROLES = ("simulator", "generator", "trainer")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the field and how to fix it."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = "robosuite"
+    """Env adapter: toy | emulated | robosuite."""
+    task: str = "Lift"
+    """Task inside the adapter (robosuite: Lift, Stack, ...; toy/emulated: ignored)."""
+    num_envs: int = 2
+    """Total number of envs across all Simulator ranks."""
+    horizon: int = 64
+    """Episode length limit in env steps; an episode cut here is truncated."""
+    image_size: int = 64
+    """Square camera resolution in pixels."""
+    cameras: list[str] = field(default_factory=lambda: ["agentview"])
+    """Camera names (robosuite); one image per camera in the observation."""
+    robot: str = "Panda"
+    """robosuite robot."""
+    control_freq: int = 20
+    """robosuite control frequency (Hz)."""
+    fast_render: bool = True
+    """robosuite: MSAA and reflections off (3x faster on CPU, images look the same)."""
+    instruction: str = ""
+    """Instruction string; empty means the adapter's default for the task."""
+    step_timeout: float = 60.0
+    """Seconds a child env process may take for one step before it is killed and restarted."""
+    reset_timeout: float = 120.0
+    """Seconds a child env process may take to start or reset before it is killed and restarted."""
+    in_process: bool = False
+    """Run envs inside the Simulator rank instead of one spawned child per env (toy/emulated)."""
+    grid: int = 5
+    """toy: grid side in cells."""
+    step_ms: float = 10.0
+    """emulated: median step latency (ms)."""
+    step_sigma: float = 0.6
+    """emulated: log-normal sigma of step latency (heavy tail)."""
+    reset_ms: float = 200.0
+    """emulated: reset latency (ms), paid at each episode end."""
+    proprio_dim: int = 8
+    """emulated: proprio size."""
+    action_dim: int = 7
+    """emulated: action size."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    name: str = "tiny"
+    """Policy family: tiny."""
+    d_model: int = 128
+    """Transformer width."""
+    layers: int = 2
+    """Transformer layers."""
+    heads: int = 4
+    """Attention heads."""
+    patch: int = 8
+    """Image patch size in pixels."""
+    action_bins: int = 256
+    """Discrete bins per action dimension (OpenVLA style); bin centres span [-1, 1]."""
+    vocab: int = 512
+    """Instruction vocabulary (hashed words)."""
+    instruction_len: int = 16
+    """Instruction tokens per sample (padded/truncated)."""
+    max_batch: int = 64
+    """Largest batch the policy forward accepts; the Generator's B_max never exceeds it."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N. auto picks the rank's GPU when one is present."""
+    torch_threads: int = 1
+    """torch threads per CPU rank (1 is fastest when several ranks share cores)."""
+    init_seed: int = 0
+    """Seed of the initial weights."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    name: str = "ppo"
+    """ppo (decoupled PPO with a proximal anchor when samples are stale)."""
+    lr: float = 3e-4
+    """Adam learning rate."""
+    gamma: float = 0.99
+    """Discount."""
+    gae_lambda: float = 0.95
+    """GAE lambda."""
+    clip: float = 0.2
+    """PPO ratio clip epsilon."""
+    behaviour_clip: float = 2.0
+    """Decoupled PPO: cap on the behaviour weight pi_prox / pi_behav."""
+    vf_coef: float = 0.5
+    """Value loss coefficient."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping (0 disables)."""
+    segment_steps: int = 32
+    """Steps per trajectory segment (one shard per group and segment)."""
+    rollout_batch: int = 128
+    """Samples per rollout step; a multiple of num_envs * segment_steps."""
+    global_batch: int = 64
+    """Samples per optimizer step; divides rollout_batch."""
+    micro_batch: int = 32
+    """Samples per forward/backward pass; gradients accumulate to global_batch."""
+    update_epochs: int = 1
+    """PPO epochs over each rollout step."""
+    max_versions: int = 4
+    """Stop after this many versions (rollout steps trained)."""
+
+
+@dataclass(frozen=True)
+class ModeConfig:
+    name: str = "async"
+    """Label for this mode (sync | async | a ladder rung); the switches below define it."""
+    env_level: bool = True
+    """Every env group loops on its own (dynamic batching). Off: all groups advance in lockstep."""
+    overlap: bool = True
+    """The Trainer ingests shards (reads, GAE) while rollout goes on. Off: after the whole step."""
+    streaming: bool = True
+    """The Trainer starts optimizer steps as soon as a global batch of rows is in."""
+    eta: int = 1
+    """Bounded staleness in versions (0 = per-step weight barrier)."""
+    placement: str = "disaggregated"
+    """disaggregated: Generators and Trainers are separate ranks; colocated: each Generator rank
+    also hosts a Trainer and alternates between them."""
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    b_max: int = 16
+    """Dynamic batcher: close a batch at this many samples (capped at policy.max_batch)."""
+    t_max_ms: float = 5.0
+    """Dynamic batcher: close a batch this long after its first request arrived."""
+
+
+@dataclass(frozen=True)
+class ShardingConfig:
+    strategy: str = "pipelined"
+    """per_env | pipelined | aggregated; ignored when `plan` is given."""
+    groups_per_rank: int = 2
+    """pipelined: env groups per Simulator rank."""
+    plan: list[list[int]] = field(default_factory=list)
+    """Explicit group sizes per Simulator rank, e.g. [[2, 2], [3]]; overrides strategy."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str = "local"
+    """local (mpiexec on this machine); Slurm clusters are other files in conf/cluster/."""
+    sim_ranks: int = 1
+    """Simulator ranks."""
+    gen_ranks: int = 1
+    """Generator ranks (one per GPU on a cluster)."""
+    train_ranks: int = 1
+    """Data-parallel Trainer ranks (colocated placement: must equal gen_ranks)."""
+    mpiexec: str = "mpiexec"
+    """MPI launcher for local runs."""
+    mpiexec_args: list[str] = field(default_factory=lambda: ["--oversubscribe"])
+    """Extra launcher arguments (as root, --allow-run-as-root is added automatically)."""
+    cores: int = 0
+    """Cores available to the run (0 = this machine's count); used for oversubscription warnings."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    liveness_timeout: float = 30.0
+    """A peer silent this long (seconds) aborts the job, naming the rank."""
+    heartbeat_interval: float = 1.0
+    """Seconds between heartbeats to each peer."""
+    startup_timeout: float = 300.0
+    """Seconds a rank may wait for peers at start-up (env processes can be slow to start)."""
+    shutdown_timeout: float = 60.0
+    """Seconds the clean-shutdown handshake may take."""
+    ckpt_every: int = 1
+    """Checkpoint every N versions (and at the end)."""
+    keep_shards: bool = True
+    """Keep consumed shards (for replay and analysis) or delete them after their step."""
+    idle_sleep: float = 0.0005
+    """Shortest sleep of a rank with nothing to do; doubles up to max_idle_sleep."""
+    max_idle_sleep: float = 0.005
+    """Longest idle sleep (bounds added latency)."""
+    tensorboard: bool = True
+    """Trainer rank 0 writes TensorBoard scalars under tb/."""
+    progress: bool = True
+    """Trainer rank 0 prints a progress line per version."""
+    max_wall: float = 86400.0
+    """Seconds the launcher waits for the whole job before killing it."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    mode: ModeConfig = field(default_factory=ModeConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    seed: int = 0
+    """Seed for envs and action sampling."""
+    run_dir: str = ""
+    """Run folder; empty means the Hydra output folder (runs/<date>/<time>)."""
+    resume: bool = False
+    """Continue the run in run_dir from its latest checkpoint."""
+
+
+# ---------------------------------------------------------------- derived values
+
+
+@dataclass(frozen=True)
+class Group:
+    """One env group: `size` envs on Simulator rank `sim_rank`, served by Generator `gen_index`."""
+
+    gid: int
+    sim_rank: int
+    size: int
+    env_offset: int
+    gen_index: int
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed from the user's config; role code reads these, never recomputes them."""
+
+    world_size: int
+    sim_ranks: tuple[int, ...]
+    gen_ranks: tuple[int, ...]
+    train_ranks: tuple[int, ...]
+    groups: tuple[Group, ...]
+    segments_per_step: int
+    """Segments each group contributes to one rollout step."""
+    opt_steps_per_version: int
+    b_max: int
+
+    def role_of(self, rank: int) -> list[str]:
+        roles = [r for r, ranks in zip(ROLES, (self.sim_ranks, self.gen_ranks, self.train_ranks)) if rank in ranks]
+        return roles
+
+    def groups_of_sim(self, rank: int) -> list[Group]:
+        return [g for g in self.groups if g.sim_rank == rank]
+
+    def groups_of_gen(self, gen_index: int) -> list[Group]:
+        return [g for g in self.groups if g.gen_index == gen_index]
+
+
+def sharding_plan(cfg: RunConfig) -> list[list[int]]:
+    """Group sizes per Simulator rank, from the named strategy or the explicit plan."""
+    s, n, ranks = cfg.sharding, cfg.env.num_envs, cfg.cluster.sim_ranks
+    if s.plan:
+        return [list(r) for r in s.plan]
+    per_rank = [n // ranks + (1 if r < n % ranks else 0) for r in range(ranks)]
+    if s.strategy == "per_env":
+        return [[1] * k for k in per_rank]
+    if s.strategy == "aggregated":
+        return [[k] for k in per_rank]
+    if s.strategy == "pipelined":
+        plan = []
+        for k in per_rank:
+            g = min(s.groups_per_rank, k)
+            plan.append([k // g + (1 if i < k % g else 0) for i in range(g)])
+        return plan
+    raise ConfigError(f"sharding.strategy={s.strategy!r} is unknown; use per_env, pipelined or aggregated")
+
+
+def assign_generators(sizes: list[int], n_gen: int) -> list[int]:
+    """Greedy: each group (largest first) goes to the Generator serving the fewest envs so far."""
+    load = [0] * n_gen
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        j = min(range(n_gen), key=lambda j: (load[j], j))
+        owner[i] = j
+        load[j] += sizes[i]
+    return owner
+
+
+def derive(cfg: RunConfig) -> Derived:
+    """Validate `cfg` and compute the layout. Raises ConfigError naming the bad field."""
+    validate(cfg)
+    c = cfg.cluster
+    colocated = cfg.mode.placement == "colocated"
+    sims = tuple(range(c.sim_ranks))
+    gens = tuple(range(c.sim_ranks, c.sim_ranks + c.gen_ranks))
+    trains = gens if colocated else tuple(range(gens[-1] + 1, gens[-1] + 1 + c.train_ranks))
+    plan = sharding_plan(cfg)
+    flat = [(r, size) for r, sizes in enumerate(plan) for size in sizes]
+    owners = assign_generators([s for _, s in flat], c.gen_ranks)
+    groups, offset = [], 0
+    for gid, ((r, size), gen) in enumerate(zip(flat, owners)):
+        groups.append(Group(gid, sims[r], size, offset, gen))
+        offset += size
+    seg_samples = cfg.env.num_envs * cfg.algo.segment_steps
+    b_max = min(cfg.generator.b_max, cfg.policy.max_batch)
+    return Derived(
+        world_size=len(sims) + len(gens) + (0 if colocated else len(trains)),
+        sim_ranks=sims,
+        gen_ranks=gens,
+        train_ranks=trains,
+        groups=tuple(groups),
+        segments_per_step=cfg.algo.rollout_batch // seg_samples,
+        opt_steps_per_version=cfg.algo.update_epochs * cfg.algo.rollout_batch // cfg.algo.global_batch,
+        b_max=b_max,
+    )
+
+
+def _require(ok: bool, name: str, value, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}={value!r}: {fix}")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check every field a run depends on; the first bad one raises ConfigError."""
+    e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
+    _require(e.name in ("toy", "emulated", "robosuite"), "env.name", e.name, "use toy, emulated or robosuite")
+    _require(e.num_envs >= 1, "env.num_envs", e.num_envs, "must be >= 1")
+    _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
+    _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
+    _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
+    _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
+    _require(p.name == "tiny", "policy.name", p.name, "only 'tiny' exists so far")
+    _require(p.d_model % p.heads == 0, "policy.d_model", p.d_model, f"must be divisible by policy.heads={p.heads}")
+    _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
+    _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")
+    _require(p.torch_threads >= 1, "policy.torch_threads", p.torch_threads, "must be >= 1")
+    _require(a.name == "ppo", "algo.name", a.name, "only 'ppo' (decoupled PPO) exists so far")
+    _require(a.segment_steps >= 1, "algo.segment_steps", a.segment_steps, "must be >= 1")
+    seg = e.num_envs * a.segment_steps
+    _require(a.rollout_batch >= seg and a.rollout_batch % seg == 0, "algo.rollout_batch", a.rollout_batch,
+             f"must be a positive multiple of env.num_envs * algo.segment_steps = {seg}")
+    _require(a.global_batch >= 1 and a.rollout_batch % a.global_batch == 0, "algo.global_batch", a.global_batch,
+             f"must divide algo.rollout_batch={a.rollout_batch}")
+    _require(1 <= a.micro_batch <= a.global_batch, "algo.micro_batch", a.micro_batch,
+             f"must be in 1..algo.global_batch={a.global_batch}")
+    _require(a.update_epochs >= 1, "algo.update_epochs", a.update_epochs, "must be >= 1")
+    _require(a.max_versions >= 1, "algo.max_versions", a.max_versions, "must be >= 1")
+    _require(0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1, "algo.gamma", a.gamma, "gamma in (0,1], gae_lambda in [0,1]")
+    _require(a.behaviour_clip >= 1, "algo.behaviour_clip", a.behaviour_clip, "must be >= 1")
+    _require(m.eta >= 0, "mode.eta", m.eta, "must be >= 0")
+    _require(m.overlap or not m.streaming, "mode.streaming", m.streaming,
+             "streaming needs mode.overlap=true (micro-batches are trained as their shards arrive)")
+    _require(m.placement in ("disaggregated", "colocated"), "mode.placement", m.placement, "use disaggregated or colocated")
+    _require(c.sim_ranks >= 1, "cluster.sim_ranks", c.sim_ranks, "must be >= 1")
+    _require(c.gen_ranks >= 1, "cluster.gen_ranks", c.gen_ranks, "must be >= 1")
+    _require(c.train_ranks >= 1, "cluster.train_ranks", c.train_ranks, "must be >= 1")
+    if m.placement == "colocated":
+        _require(c.train_ranks == c.gen_ranks, "cluster.train_ranks", c.train_ranks,
+                 f"colocated placement puts one Trainer on each Generator rank: set it to cluster.gen_ranks={c.gen_ranks}")
+    _require(cfg.generator.b_max >= 1, "generator.b_max", cfg.generator.b_max, "must be >= 1")
+    _require(cfg.generator.t_max_ms >= 0, "generator.t_max_ms", cfg.generator.t_max_ms, "must be >= 0")
+    plan = sharding_plan(cfg)
+    _require(len(plan) == c.sim_ranks, "sharding.plan", s.plan, f"needs one list per Simulator rank (cluster.sim_ranks={c.sim_ranks})")
+    _require(all(len(r) >= 1 and all(k >= 1 for k in r) for r in plan), "sharding.plan", plan,
+             f"every Simulator rank needs >= 1 group of >= 1 env; env.num_envs={e.num_envs} may be < cluster.sim_ranks={c.sim_ranks}")
+    _require(sum(map(sum, plan)) == e.num_envs, "sharding.plan", plan, f"group sizes must add up to env.num_envs={e.num_envs}")
+    b_max = min(cfg.generator.b_max, p.max_batch)
+    _require(max(map(max, plan)) <= b_max, "sharding.plan", plan,
+             f"a group larger than the batch limit min(generator.b_max, policy.max_batch)={b_max} could never be served")
+    _require(len(plan) and sum(len(r) for r in plan) >= c.gen_ranks, "cluster.gen_ranks", c.gen_ranks,
+             "more Generators than env groups would leave a Generator idle")
+    _require(cfg.runtime.liveness_timeout > 2 * cfg.runtime.heartbeat_interval, "runtime.liveness_timeout",
+             cfg.runtime.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")
+    _require(sum(len(r) for r in plan) < 30000, "sharding.plan", "too many groups", "keep under 30000 groups (MPI tag range)")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _writable(node) -> None:
+    """Frozen dataclasses give read-only OmegaConf nodes; merging user values needs them writable."""
+    from omegaconf import DictConfig
+
+    node._set_flag("readonly", None)
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            _writable(node._get_node(key))
+
+
+def to_config(obj) -> RunConfig:
+    """An OmegaConf/dict config -> RunConfig, with type checks from the schema."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.structured(RunConfig)
+    _writable(base)
+    return OmegaConf.to_object(OmegaConf.merge(base, obj))
+
+
+def load(run_dir: str | Path) -> RunConfig:
+    """The resolved config a launcher wrote into the run folder."""
+    from omegaconf import OmegaConf
+
+    return to_config(OmegaConf.load(Path(run_dir) / "config.yaml"))
+
+
+def save(cfg: RunConfig, run_dir: str | Path) -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.save(OmegaConf.structured(cfg), Path(run_dir) / "config.yaml")
+
+
+def replace(cfg: RunConfig, **sections) -> RunConfig:
+    """Copy of cfg with some sections' fields replaced: replace(cfg, mode={"eta": 0})."""
+    out = {}
+    for name, fields in sections.items():
+        cur = getattr(cfg, name)
+        out[name] = dataclasses.replace(cur, **fields) if dataclasses.is_dataclass(cur) else fields
+    return dataclasses.replace(cfg, **out)
+
+
+def plan_table(cfg: RunConfig, d: Derived) -> str:
+    """The sharding plan as a table, printed at start-up."""
+    lines = ["group  sim_rank  envs  env_ids      generator_rank"]
+    for g in d.groups:
+        ids = f"{g.env_offset}..{g.env_offset + g.size - 1}"
+        lines.append(f"{g.gid:5d}  {g.sim_rank:8d}  {g.size:4d}  {ids:11s}  {d.gen_ranks[g.gen_index]:14d}")
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""Env adapters behind one small interface, and the observation spec every role agrees on.
+
+This package imports numpy only: Simulator ranks never import torch. Heavy simulators
+(robosuite) are imported lazily inside the child process that hosts the env.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Shapes of one observation and action; derived from config alone (no simulator import)."""
+
+    cameras: int
+    image_size: int
+    proprio_dim: int
+    action_dim: int
+    instruction_len: int
+    vocab: int
+
+
+def spec(cfg) -> EnvSpec:
+    """The EnvSpec of `cfg.env` (cfg: RunConfig)."""
+    e, p = cfg.env, cfg.policy
+    if e.name == "toy":
+        from .toy import PROPRIO_DIM, ACTION_DIM
+        cams, prop, act = 1, PROPRIO_DIM, ACTION_DIM
+    elif e.name == "robosuite":
+        from .robosuite_env import PROPRIO_DIM, ACTION_DIM
+        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
+    elif e.name == "emulated":
+        cams, prop, act = 1, e.proprio_dim, e.action_dim
+    else:
+        raise ValueError(f"env.name={e.name!r} is unknown")
+    return EnvSpec(cams, e.image_size, prop, act, p.instruction_len, p.vocab)
+
+
+def tokenize(text: str, length: int, vocab: int) -> np.ndarray:
+    """Instruction -> int32[length]: lower-cased words hashed (crc32, stable across processes)
+    into ids 2..vocab-1; 1 = end of text, 0 = padding."""
+    ids = [2 + zlib.crc32(w.encode()) % (vocab - 2) for w in text.lower().split()][: length - 1]
+    out = np.zeros(length, np.int32)
+    out[: len(ids)] = ids
+    out[len(ids)] = 1
+    return out
+
+
+def make_env(cfg, env_id: int):
+    """One single env of `cfg.env` (called inside the process that will host it)."""
+    name = cfg.env.name
+    if name == "toy":
+        from .toy import ToyEnv
+        return ToyEnv(cfg.env)
+    if name == "emulated":
+        from .emulated import EmulatedEnv
+        return EmulatedEnv(cfg.env, env_id)
+    if name == "robosuite":
+        from .robosuite_env import RobosuiteEnv
+        return RobosuiteEnv(cfg.env)
+    raise ValueError(f"env.name={name!r} is unknown")
+
+
+def make_vec_env(cfg, env_ids: list[int], seed: int):
+    """A group of envs: in-process for toy/emulated (or env.in_process), else one spawned child
+    process per env (rendering envs: a GL context per process, killable on a hang)."""
+    from .base import LocalVecEnv, ProcessVecEnv
+
+    in_process = cfg.env.in_process or cfg.env.name in ("toy", "emulated")
+    cls = LocalVecEnv if in_process else ProcessVecEnv
+    return cls(cfg, env_ids, seed)

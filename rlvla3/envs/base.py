@@ -1,0 +1,278 @@
+"""The env interface and the two ways a Simulator hosts a group of envs.
+
+A single env (toy.py, emulated.py, robosuite_env.py) implements:
+    reset(seed) -> Obs
+    step(action float32[A] in [-1, 1]) -> (Obs, reward, terminated, success, delay_s)
+where delay_s is extra latency the env asks its host to emulate (0 for real simulators).
+
+`Episode` wraps one env: counts steps, truncates at the horizon, auto-resets at episode end
+(timing the reset apart from the step), draws per-episode seeds, and turns an exception in the
+env into a truncated episode (counted) instead of a crash.
+
+A group (`LocalVecEnv` in-process, `ProcessVecEnv` one spawned child per env) is driven
+without blocking: start_step(actions) ... ready() ... result(). A child that exceeds the step or
+reset timeout, or dies, is killed and restarted; its episode is marked truncated.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import make_env, spec, tokenize
+
+
+@dataclass
+class Obs:
+    images: np.ndarray       # uint8 [cams, H, W, 3]
+    proprio: np.ndarray      # float32 [P]
+    instruction: str
+
+
+@dataclass
+class StepOut:
+    obs: Obs                 # next observation (after auto-reset if the episode ended)
+    reward: float
+    terminated: bool
+    truncated: bool
+    success: bool
+    error: bool              # the env raised or hung; the episode was cut and the env reset
+    step_s: float            # wall time of the step itself
+    reset_s: float           # wall time of the auto-reset (0 if none)
+    delay_s: float           # emulated latency still to wait (emulated env only)
+
+
+def episode_seed(base: int, env_id: int, episode: int) -> int:
+    return (base * 1_000_003 + env_id * 10_007 + episode) % (2**31 - 1)
+
+
+class Episode:
+    """One env with horizon, auto-reset and error containment."""
+
+    def __init__(self, cfg, env_id: int, seed: int):
+        self.env = make_env(cfg, env_id)
+        self.horizon = cfg.env.horizon
+        self.env_id, self.seed = env_id, seed
+        self.episode, self.t = 0, 0
+
+    def reset(self) -> Obs:
+        self.t = 0
+        obs = self.env.reset(episode_seed(self.seed, self.env_id, self.episode))
+        self.episode += 1
+        return obs
+
+    def step(self, action: np.ndarray) -> StepOut:
+        t0 = time.perf_counter()
+        error = False
+        try:
+            obs, reward, terminated, success, delay = self.env.step(np.clip(action, -1.0, 1.0))
+        except Exception:
+            traceback.print_exc()
+            obs, reward, terminated, success, delay, error = None, 0.0, False, False, 0.0, True
+        self.t += 1
+        truncated = error or (not terminated and self.t >= self.horizon)
+        t1 = time.perf_counter()
+        reset_s = 0.0
+        if terminated or truncated:
+            obs = self.reset()
+            reset_s = time.perf_counter() - t1
+            delay += getattr(self.env, "reset_delay", 0.0)
+        return StepOut(obs, float(reward), bool(terminated), bool(truncated), bool(success), error,
+                       t1 - t0, reset_s, delay)
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close:
+            close()
+
+
+@dataclass
+class GroupStep:
+    """Result of one step of a whole group, arrays over its n envs."""
+
+    images: np.ndarray
+    proprio: np.ndarray
+    tokens: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    success: np.ndarray
+    errors: int
+    step_s: float            # max over envs
+    reset_s: float           # sum over envs that reset
+
+
+class _GroupBase:
+    def __init__(self, cfg, env_ids: list[int], seed: int):
+        self.cfg, self.env_ids, self.seed = cfg, list(env_ids), seed
+        self.spec = spec(cfg)
+        self._tok: dict[str, np.ndarray] = {}
+
+    def tokens(self, text: str) -> np.ndarray:
+        if text not in self._tok:
+            self._tok[text] = tokenize(text, self.spec.instruction_len, self.spec.vocab)
+        return self._tok[text]
+
+    def gather(self, outs: list[StepOut]) -> GroupStep:
+        return GroupStep(
+            images=np.stack([o.obs.images for o in outs]),
+            proprio=np.stack([o.obs.proprio for o in outs]).astype(np.float32),
+            tokens=np.stack([self.tokens(o.obs.instruction) for o in outs]),
+            reward=np.array([o.reward for o in outs], np.float32),
+            terminated=np.array([o.terminated for o in outs]),
+            truncated=np.array([o.truncated for o in outs]),
+            success=np.array([o.success for o in outs]),
+            errors=sum(o.error for o in outs),
+            step_s=max(o.step_s for o in outs),
+            reset_s=sum(o.reset_s for o in outs),
+        )
+
+    @staticmethod
+    def first(obs: list[Obs]) -> list[StepOut]:
+        return [StepOut(o, 0.0, False, False, False, False, 0.0, 0.0, 0.0) for o in obs]
+
+
+class LocalVecEnv(_GroupBase):
+    """Envs stepped inside the Simulator rank (cheap envs). Emulated latency is honoured
+    without sleeping: the result becomes ready when its delay has passed."""
+
+    def __init__(self, cfg, env_ids, seed):
+        super().__init__(cfg, env_ids, seed)
+        self.eps = [Episode(cfg, i, seed) for i in self.env_ids]
+        self._out: list[StepOut] | None = None
+        self._ready_at = 0.0
+
+    def start_reset(self) -> None:
+        self._out = self.first([e.reset() for e in self.eps])
+        self._ready_at = time.monotonic()
+
+    def start_step(self, actions: np.ndarray) -> None:
+        self._out = [e.step(a) for e, a in zip(self.eps, actions)]
+        self._ready_at = time.monotonic() + max(o.delay_s for o in self._out)
+
+    def ready(self) -> bool:
+        return self._out is not None and time.monotonic() >= self._ready_at
+
+    def result(self) -> GroupStep:
+        out, self._out = self._out, None
+        return self.gather(out)
+
+    def close(self) -> None:
+        for e in self.eps:
+            e.close()
+
+
+def _worker(conn, cfg, env_id: int, seed: int, episode: int) -> None:
+    """Child process: host one env and answer ('reset',) / ('step', action) / ('close',)."""
+    ep = Episode(cfg, env_id, seed)
+    ep.episode = episode
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "close":
+            ep.close()
+            conn.close()
+            return
+        if cmd[0] == "reset":
+            conn.send(ep.reset())
+        else:
+            out = ep.step(cmd[1])
+            conn.send(out)
+
+
+class ProcessVecEnv(_GroupBase):
+    """One spawned child process per env; a hung or dead child is killed and restarted."""
+
+    def __init__(self, cfg, env_ids, seed):
+        super().__init__(cfg, env_ids, seed)
+        self.ctx = mp.get_context("spawn")
+        self.procs: list = [None] * len(self.env_ids)
+        self.conns: list = [None] * len(self.env_ids)
+        self.restarts = [0] * len(self.env_ids)
+        self._pending: dict[int, tuple[str, float]] = {}   # env index -> (kind, deadline)
+        self._out: list[StepOut | None] = [None] * len(self.env_ids)
+        for k in range(len(self.env_ids)):
+            self._spawn(k)
+
+    def _spawn(self, k: int) -> None:
+        parent, child = self.ctx.Pipe()
+        # A restarted env continues with fresh episode seeds instead of replaying old ones.
+        p = self.ctx.Process(target=_worker, args=(child, self.cfg, self.env_ids[k], self.seed, 1000 * self.restarts[k]),
+                             daemon=True, name=f"env{self.env_ids[k]}")
+        p.start()
+        child.close()
+        self.procs[k], self.conns[k] = p, parent
+
+    def _kill(self, k: int) -> None:
+        p = self.procs[k]
+        if p is not None and p.is_alive():
+            p.kill()
+        if p is not None:
+            p.join(timeout=5)
+        self.conns[k].close()
+
+    def start_reset(self) -> None:
+        deadline = time.monotonic() + self.cfg.env.reset_timeout
+        for k, c in enumerate(self.conns):
+            c.send(("reset",))
+            self._pending[k] = ("reset", deadline)
+
+    def start_step(self, actions: np.ndarray) -> None:
+        deadline = time.monotonic() + self.cfg.env.step_timeout
+        for k, (c, a) in enumerate(zip(self.conns, actions)):
+            c.send(("step", np.asarray(a, np.float32)))
+            self._pending[k] = ("step", deadline)
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        for k, (kind, deadline) in list(self._pending.items()):
+            try:
+                has = self.conns[k].poll()
+                msg = self.conns[k].recv() if has else None
+            except (EOFError, OSError):
+                has, msg = False, None
+                deadline = 0.0  # the child died: restart now
+            if has:
+                self._out[k] = self.first([msg])[0] if kind in ("reset", "restart") and isinstance(msg, Obs) else msg
+                if kind == "restart":
+                    o = self._out[k]
+                    self._out[k] = StepOut(o.obs, 0.0, False, True, False, True, 0.0, 0.0, 0.0)
+                del self._pending[k]
+            elif now > deadline:
+                self._restart(k, kind)
+        return not self._pending
+
+    def _restart(self, k: int, kind: str) -> None:
+        print(f"[env {self.env_ids[k]}] child process {'died' if not self.procs[k].is_alive() else 'timed out'} "
+              f"during {kind}; restarting it (episode truncated)", flush=True)
+        self._kill(k)
+        self.restarts[k] += 1
+        self._spawn(k)
+        self.conns[k].send(("reset",))
+        self._pending[k] = ("restart", time.monotonic() + self.cfg.env.reset_timeout)
+
+    def result(self) -> GroupStep:
+        out, self._out = self._out, [None] * len(self.env_ids)
+        return self.gather(out)
+
+    def close(self) -> None:
+        for k, c in enumerate(self.conns):
+            try:
+                c.send(("close",))
+            except OSError:
+                pass
+        for k, p in enumerate(self.procs):
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+
+def child_env_vars() -> None:
+    """Headless GL default for rendering children (EGL; set MUJOCO_GL=osmesa to switch)."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    if os.environ["MUJOCO_GL"] == "osmesa":
+        os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")

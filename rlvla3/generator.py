@@ -1,0 +1,231 @@
+"""Generator role: serves action requests from many env groups with a dynamic batcher.
+
+Loop (each pass does only what is ready; see `step`):
+  1. apply new weights between batches (version, and credits: the last rollout step it may serve);
+  2. receive ObsRequests; an ACT request for a rollout step beyond the credits waits (this is
+     what bounds staleness: a sample for step k is produced by a version >= k - eta);
+  3. the batcher closes a batch at B_max samples or T_max after the batch's first request;
+  4. forward the policy; reply action, action tokens, logprob, value and the producing version.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .config import Derived, RunConfig
+from .envs import spec
+from .policies import make_policy
+from .policies.base import load_flat_params
+from .protocol import Done, Kind, Stop, Tag, WeightsHeader, action_codec, obs_codec
+
+
+@dataclass
+class Request:
+    gid: int
+    n: int                 # samples (envs in the group)
+    arrived: float         # monotonic time it became eligible for batching
+    seq: int
+    step: int
+    kind: int
+    obs: dict              # views into the group's receive buffer
+
+
+class DynamicBatcher:
+    """FIFO requests -> batches of at most `b_max` samples.
+
+    A batch closes when it holds b_max samples (or the next request would not fit), or when
+    `t_max` seconds have passed since *its first request arrived* (not since the wait began:
+    with that, tiny timeouts degenerate to batches of one request).
+    """
+
+    def __init__(self, b_max: int, t_max: float):
+        self.b_max, self.t_max = b_max, t_max
+        self.queue: deque[Request] = deque()
+        self.samples = 0
+
+    def add(self, req: Request) -> None:
+        if req.n > self.b_max:
+            raise ValueError(f"request of {req.n} samples exceeds B_max={self.b_max}")
+        self.queue.append(req)
+        self.samples += req.n
+
+    def ready(self, now: float) -> bool:
+        if not self.queue:
+            return False
+        return self.samples >= self.b_max or now - self.queue[0].arrived >= self.t_max
+
+    def deadline(self) -> float | None:
+        return self.queue[0].arrived + self.t_max if self.queue else None
+
+    def pop(self) -> list[Request]:
+        batch, total = [], 0
+        while self.queue and total + self.queue[0].n <= self.b_max:
+            req = self.queue.popleft()
+            batch.append(req)
+            total += req.n
+        self.samples -= total
+        return batch
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+class Generator:
+    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, gen_index: int):
+        self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
+        self.sp = spec(cfg)
+        self.device = pick_device(cfg.policy.device)
+        self.policy = make_policy(cfg, self.sp).to(self.device).eval()
+        self.obs_codec, self.act_codec = obs_codec(self.sp), action_codec(self.sp)
+        self.groups = {g.gid: g for g in d.groups_of_gen(gen_index)}
+        self.recv_bufs = {gid: self.obs_codec.alloc(g.size) for gid, g in self.groups.items()}
+        self.reply_bufs = {gid: self.act_codec.alloc(g.size) for gid, g in self.groups.items()}
+        self.reply_reqs: dict[int, object] = {}
+        self.busy: set[int] = set()            # groups with a request received and not yet answered
+        self.held: list[Request] = []          # ACT requests beyond the credits
+        sync = not cfg.mode.env_level
+        served = sum(g.size for g in self.groups.values())
+        # Sync baseline: wait for every group served (one full batch per env step).
+        self.batcher = DynamicBatcher(served if sync else d.b_max, float("inf") if sync else cfg.generator.t_max_ms / 1e3)
+        self.version, self.granted_until = -1, -1
+        self.weights_buf = np.zeros(sum(p.numel() for p in self.policy.parameters()), np.float32)
+        self.sims = sorted({g.sim_rank for g in self.groups.values()})
+        self.trainer0 = d.train_ranks[0]
+        self.colocated = cfg.mode.placement == "colocated"
+        self.stopped = False
+        self.done = False
+        self.batches = 0
+
+    # ------------------------------------------------------------ weights
+    def set_weights(self, flat: np.ndarray, version: int, granted_until: int) -> None:
+        with self.metrics.timed("weight_sync", version=version):
+            load_flat_params(self.policy, flat)
+        self.version, self.granted_until = version, granted_until
+        self._release_held()
+
+    def _poll_weights(self) -> bool:
+        if self.colocated:
+            return False
+        got = self.transport.poll(Tag.WEIGHTS, self.trainer0)
+        if got is None:
+            return False
+        hdr: WeightsHeader = got[1]
+        t0 = time.time()
+        req = self.transport.irecv_buf(self.trainer0, Tag.WEIGHTS_BUF, self.weights_buf)
+        self.transport.wait(req, self.cfg.runtime.liveness_timeout, self.trainer0, "weights buffer")
+        self.metrics.span("comm", t0, time.time() - t0, what="weights", bytes=self.weights_buf.nbytes)
+        self.set_weights(self.weights_buf, hdr.version, hdr.granted_until)
+        return True
+
+    # ------------------------------------------------------------ requests
+    def _poll_requests(self) -> bool:
+        work = False
+        for gid, g in self.groups.items():
+            if gid in self.busy or g.sim_rank in self.transport.done_ranks:
+                continue
+            if not self.transport.comm.Iprobe(source=g.sim_rank, tag=Tag.OBS + gid):
+                continue
+            buf = self.recv_bufs[gid]
+            self.transport.comm.Recv(buf, source=g.sim_rank, tag=Tag.OBS + gid)  # matched by Iprobe: no wait
+            self.transport.seen(g.sim_rank)
+            work = True
+            if self.stopped:
+                continue  # draining after Stop: the Simulator no longer waits for a reply
+            _, seq, step, kind = self.obs_codec.header(buf)
+            req = Request(gid, g.size, time.monotonic(), seq, step, kind, self.obs_codec.unpack(buf, g.size))
+            self.busy.add(gid)
+            self._admit(req)
+        return work
+
+    def _admit(self, req: Request) -> None:
+        if req.kind == Kind.BOOTSTRAP or req.step <= self.granted_until:
+            self.batcher.add(req)
+        else:
+            self.held.append(req)
+
+    def _release_held(self) -> None:
+        held, self.held = self.held, []
+        now = time.monotonic()
+        for req in held:
+            req.arrived = now  # its batch clock starts when it becomes servable
+            self._admit(req)
+
+    # ------------------------------------------------------------ inference
+    def _serve_batch(self) -> None:
+        wait = time.monotonic() - self.batcher.queue[0].arrived
+        batch = self.batcher.pop()
+        n = sum(r.n for r in batch)
+        t0 = time.time()
+        p0 = time.perf_counter()
+        obs = {k: torch.from_numpy(np.concatenate([r.obs[k] for r in batch])).to(self.device)
+               for k in ("images", "proprio", "tokens")}
+        noise = torch.from_numpy(np.concatenate([self._noise(r) for r in batch])).to(self.device)
+        tok, logp, value = self.policy.act(obs["images"], obs["proprio"], obs["tokens"], noise)
+        tok, logp, value = tok.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
+        dt = time.perf_counter() - p0
+        self.metrics.span("infer", t0, dt, batch=n, requests=len(batch), version=self.version)
+        self.metrics.span("batch_wait", t0 - wait, wait, batch=n)
+        self.batches += 1
+        i = 0
+        for r in batch:
+            self._reply(r, tok[i:i + r.n], logp[i:i + r.n], value[i:i + r.n])
+            i += r.n
+
+    def _noise(self, r: Request) -> np.ndarray:
+        """U(0,1) noise for Gumbel-max sampling, keyed by (seed, group, request): a sample never
+        depends on which other requests share its batch."""
+        rng = np.random.Generator(np.random.Philox(key=[self.cfg.seed, r.gid * 2**32 + r.seq]))
+        return rng.random((r.n, self.sp.action_dim, self.cfg.policy.action_bins), dtype=np.float32)
+
+    def _reply(self, r: Request, tok, logp, value) -> None:
+        g = self.groups[r.gid]
+        buf = self.reply_bufs[r.gid]
+        prev = self.reply_reqs.get(r.gid)
+        if prev is not None:
+            self.transport.wait(prev, self.cfg.runtime.liveness_timeout, g.sim_rank, "action reply")
+        self.act_codec.pack(buf, (r.gid, r.seq, self.version, r.kind), {
+            "action": self.policy.to_env_action(tok), "action_tokens": tok, "logprob": logp, "value": value})
+        self.reply_reqs[r.gid] = self.transport.isend_buf(g.sim_rank, Tag.ACTION + r.gid, buf)
+        self.busy.discard(r.gid)
+
+    # ------------------------------------------------------------ loop
+    def step(self) -> bool:
+        if self.done:
+            return False
+        work = self._poll_weights()
+        work |= self._poll_requests()
+        if self.batcher.ready(time.monotonic()):
+            self._serve_batch()
+            work = True
+        self._poll_control()
+        return work
+
+    def _poll_control(self) -> None:
+        got = self.transport.poll(Tag.STOP)
+        if got is not None:
+            self.stop(got[1])
+        self.transport.poll_done()
+        if self.stopped and set(self.sims) <= self.transport.done_ranks and not self.done:
+            for req in self.reply_reqs.values():
+                if not req.Test():
+                    req.Cancel()
+            if self.trainer0 == self.transport.rank:
+                self.transport.done_ranks.add(self.trainer0)  # co-located with Trainer 0
+            else:
+                self.transport.send(self.trainer0, Tag.DONE, Done(self.transport.rank, "generator"))
+            self.done = True
+
+    def stop(self, msg: Stop) -> None:
+        """Stop serving; keep receiving (and dropping) requests until every Simulator is done."""
+        self.stopped = True
+        self.batcher.queue.clear()
+        self.batcher.samples = 0
+        self.held.clear()
+        self.busy.clear()

@@ -1,0 +1,73 @@
+"""Per-rank spans and scalars, written as JSON lines under <run>/metrics/rank<NNNN>.jsonl.
+
+Records (one JSON object per line):
+  {"k": "meta",   "rank", "role", "host", "clock_offset"}       clock_offset: add to local time
+  {"k": "span",   "n": name, "t": start (wall, rank-0 clock), "d": seconds, ...extra}
+  {"k": "scalar", "n": name, "v": value, "t": time, ...extra}
+  {"k": "summary", "cpu_s", "cpu_children_s", "wall_s", "spans": {name: [count, seconds]}}
+Span names: sim_step, reset, wait_action, infer, batch_wait, train, load_shard, weight_sync,
+shard_write, comm. analysis/ reads these files; rlvla3 never reads them back.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class Metrics:
+    def __init__(self, run_dir: str | Path, rank: int, role: str, clock_offset: float = 0.0):
+        self.dir = Path(run_dir) / "metrics"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.role, self.offset = rank, role, clock_offset
+        self._f = open(self.dir / f"rank{rank:04d}.jsonl", "a", buffering=1 << 16)
+        self._totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
+        self._t_start = time.time()
+        self._cpu0 = time.process_time()
+        self._next_flush = time.monotonic() + 1.0
+        self._write({"k": "meta", "rank": rank, "role": role, "host": socket.gethostname(), "pid": os.getpid(),
+                     "clock_offset": clock_offset, "t": self.now()})
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def _write(self, rec: dict) -> None:
+        self._f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        if time.monotonic() > self._next_flush:
+            self._f.flush()
+            self._next_flush = time.monotonic() + 1.0
+
+    def span(self, name: str, start: float, seconds: float, **extra) -> None:
+        """A finished span; `start` is time.time() at its start (local clock)."""
+        tot = self._totals[name]
+        tot[0] += 1
+        tot[1] += seconds
+        self._write({"k": "span", "n": name, "t": start + self.offset, "d": seconds, **extra})
+
+    @contextmanager
+    def timed(self, name: str, **extra):
+        t0 = time.time()
+        p0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.span(name, t0, time.perf_counter() - p0, **extra)
+
+    def scalar(self, name: str, value: float, **extra) -> None:
+        self._write({"k": "scalar", "n": name, "v": float(value), "t": self.now(), **extra})
+
+    def close(self) -> dict:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        summary = {"k": "summary", "rank": self.rank, "role": self.role,
+                   "cpu_s": time.process_time() - self._cpu0,
+                   "cpu_children_s": children.ru_utime + children.ru_stime,
+                   "wall_s": time.time() - self._t_start,
+                   "spans": {k: list(v) for k, v in self._totals.items()}}
+        self._write(summary)
+        self._f.close()
+        return summary

@@ -1,0 +1,54 @@
+"""`tiny`: a small VLA in plain torch, shaped like the real ones.
+
+Tokens: image patches (a linear patch encoder per camera, ViT style), instruction words, one
+proprio token, then one query token per action dimension and one value token. A pre-norm
+transformer encoder mixes them; each action query predicts `action_bins` logits for its
+dimension (OpenVLA-style discrete bins, decoded in parallel as in OpenVLA-OFT), and the value
+token feeds the value head V(s).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import Policy
+
+
+class TinyVLA(Policy):
+    def __init__(self, pcfg, spec):
+        super().__init__()
+        torch.manual_seed(pcfg.init_seed)
+        d, p = pcfg.d_model, pcfg.patch
+        self.patch, self.action_bins, self.action_dim = p, pcfg.action_bins, spec.action_dim
+        n_patches = spec.cameras * (spec.image_size // p) ** 2
+        self.patch_embed = nn.Linear(p * p * 3, d)
+        self.patch_pos = nn.Parameter(torch.randn(1, n_patches, d) * 0.02)
+        self.word_embed = nn.Embedding(spec.vocab, d, padding_idx=0)
+        self.word_pos = nn.Parameter(torch.randn(1, spec.instruction_len, d) * 0.02)
+        self.proprio_embed = nn.Linear(spec.proprio_dim, d)
+        self.queries = nn.Parameter(torch.randn(1, spec.action_dim + 1, d) * 0.02)
+        layer = nn.TransformerEncoderLayer(d, pcfg.heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, pcfg.layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+        self.action_head = nn.Linear(d, pcfg.action_bins)
+        self.value_head = nn.Linear(d, 1)
+        nn.init.zeros_(self.action_head.weight)  # start from a uniform action distribution
+        nn.init.zeros_(self.action_head.bias)
+
+    def _patches(self, images: torch.Tensor) -> torch.Tensor:
+        n, cams, h, w, c = images.shape
+        p = self.patch
+        x = images.float().div(255.0).reshape(n, cams, h // p, p, w // p, p, c)
+        x = x.permute(0, 1, 2, 4, 3, 5, 6).reshape(n, cams * (h // p) * (w // p), p * p * c)
+        return self.patch_embed(x) + self.patch_pos
+
+    def logits_and_value(self, images, proprio, tokens):
+        n = images.shape[0]
+        words = self.word_embed(tokens.long()) + self.word_pos
+        x = torch.cat([self._patches(images), words, self.proprio_embed(proprio.float())[:, None],
+                       self.queries.expand(n, -1, -1)], 1)
+        pad = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
+        pad[:, -(tokens.shape[1] + 1 + self.queries.shape[1]):-(1 + self.queries.shape[1])] = tokens == 0
+        h = self.norm(self.encoder(x, src_key_padding_mask=pad))
+        q = h[:, -self.queries.shape[1]:]
+        return self.action_head(q[:, :-1]), self.value_head(q[:, -1])[:, 0]

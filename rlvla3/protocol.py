@@ -1,0 +1,168 @@
+"""Every message rlvla3 ranks exchange, and its MPI tag.
+
+Control messages are small frozen dataclasses sent pickled (lowercase mpi4py, ~10 µs).
+Bulk data never rides in them: observations and actions travel as packed numpy byte buffers
+(uppercase mpi4py, preallocated, one per env group), weights as one flat float32 buffer, and
+trajectories as shard paths ("send a pointer, not the payload").
+
+Every sample carries the policy version that produced it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+
+class Tag(IntEnum):
+    HEARTBEAT = 1        # any -> peer          Heartbeat
+    SHARD_READY = 2      # simulator -> trainer0  ShardReady
+    WEIGHTS = 3          # trainer0 -> generator  WeightsHeader, then WEIGHTS_BUF
+    WEIGHTS_BUF = 4      # trainer0 -> generator  float32[n_params] flat parameters
+    STOP = 5             # trainer0 -> all        Stop
+    DONE = 6             # simulator -> generator, trainer0; generator -> trainer0   Done
+    PLAN = 7             # trainer0 -> other trainers   Plan
+    CLOCK = 8            # rank0 <-> any          float timestamps (clock offsets)
+    OBS = 1000           # simulator -> generator: OBS + gid, packed ObsRequest buffer
+    ACTION = 40000       # generator -> simulator: ACTION + gid, packed ActionReply buffer
+
+
+MAX_GROUPS = Tag.ACTION - Tag.OBS
+
+
+class Kind(IntEnum):
+    """What an ObsRequest asks for."""
+
+    ACT = 0        # an action for this obs (a training sample; needs a credit)
+    BOOTSTRAP = 1  # only V(obs) to close a segment; served without credits
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    t: float
+
+
+@dataclass(frozen=True)
+class ShardReady:
+    """A segment was published as a shard. Sent by its Simulator to Trainer 0."""
+
+    name: str            # directory name under <run>/shards/
+    gid: int
+    seq: int             # segment index within the group
+    step: int            # rollout step this segment belongs to (credit step)
+    rows: int            # steps * n_envs
+    min_version: int
+    max_version: int
+    # rollout statistics for the segment (for progress and metrics)
+    episodes: int = 0
+    successes: int = 0
+    return_sum: float = 0.0
+    env_errors: int = 0
+    sim_rank: int = -1
+
+
+@dataclass(frozen=True)
+class WeightsHeader:
+    version: int
+    granted_until: int   # generators may serve requests for rollout steps <= this
+    n_params: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Done:
+    rank: int
+    role: str
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Rows [start, stop) of a shard, trained by Trainer `owner` (index among Trainers)."""
+
+    name: str
+    start: int
+    stop: int
+    owner: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Trainer 0 tells every Trainer what the next optimizer step trains."""
+
+    step: int                      # rollout step (== version being trained)
+    opt_step: int                  # global optimizer step counter (after this one)
+    slices: tuple[Slice, ...] = ()
+    end_of_version: bool = False   # after this optimizer step, publish version step + 1
+    stop: bool = False
+
+
+# ---------------------------------------------------------------- packed buffers
+
+HEADER = 4  # int64 words: gid, seq, step-or-version, kind
+
+
+@dataclass(frozen=True)
+class Codec:
+    """Packs named per-sample arrays for n samples into one byte buffer after an int64 header.
+
+    `fields` maps name -> (per-sample shape, dtype). Offsets are 8-byte aligned so every view
+    is aligned for its dtype.
+    """
+
+    fields: tuple[tuple[str, tuple[int, ...], str], ...]
+    _sizes: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def layout(self, n: int) -> list[tuple[str, tuple[int, ...], np.dtype, int, int]]:
+        out, off = [], HEADER * 8
+        for name, shape, dtype in self.fields:
+            dt = np.dtype(dtype)
+            nbytes = int(np.prod((n, *shape))) * dt.itemsize
+            out.append((name, (n, *shape), dt, off, nbytes))
+            off += (nbytes + 7) // 8 * 8
+        return out
+
+    def nbytes(self, n: int) -> int:
+        name, shape, dt, off, nb = self.layout(n)[-1]
+        return (off + nb + 7) // 8 * 8
+
+    def alloc(self, n: int) -> np.ndarray:
+        return np.zeros(self.nbytes(n), np.uint8)
+
+    def pack(self, buf: np.ndarray, header: tuple[int, int, int, int], arrays: dict[str, np.ndarray]) -> None:
+        n = len(next(iter(arrays.values())))
+        buf[: HEADER * 8].view(np.int64)[:] = header
+        for name, shape, dt, off, nb in self.layout(n):
+            buf[off: off + nb].view(dt).reshape(shape)[...] = arrays[name]
+
+    def header(self, buf: np.ndarray) -> tuple[int, ...]:
+        return tuple(int(x) for x in buf[: HEADER * 8].view(np.int64))
+
+    def unpack(self, buf: np.ndarray, n: int) -> dict[str, np.ndarray]:
+        """Views into buf (no copy)."""
+        return {name: buf[off: off + nb].view(dt).reshape(shape) for name, shape, dt, off, nb in self.layout(n)}
+
+
+def obs_codec(spec) -> Codec:
+    """Observation buffer of one group: images uint8 [n, cams, H, W, 3], proprio float32 [n, P],
+    instruction tokens int32 [n, L]."""
+    return Codec((
+        ("images", (spec.cameras, spec.image_size, spec.image_size, 3), "uint8"),
+        ("proprio", (spec.proprio_dim,), "float32"),
+        ("tokens", (spec.instruction_len,), "int32"),
+    ))
+
+
+def action_codec(spec) -> Codec:
+    """Reply buffer of one group: env action float32 [n, A], action token ids int32 [n, A],
+    logprob float32 [n], value float32 [n]. The header carries the producing version."""
+    return Codec((
+        ("action", (spec.action_dim,), "float32"),
+        ("action_tokens", (spec.action_dim,), "int32"),
+        ("logprob", (), "float32"),
+        ("value", (), "float32"),
+    ))

@@ -1,0 +1,130 @@
+"""Rank -> role, the one list of message edges, and the per-rank main loop.
+
+Started by a launcher on every rank as `python -m mpi4py -m rlvla3.run <run_dir>` (so an
+uncaught exception on any rank aborts the whole MPI job). The run folder holds the resolved
+config.yaml written by the launcher.
+
+This module's top level imports nothing heavy: env child processes are spawned from it and
+re-import it, and they must not import mpi4py or torch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# (from role, to role, tag): every message edge of rlvla3. "trainer0" is the leading Trainer.
+# Heartbeats flow both ways along every edge; a peer silent past runtime.liveness_timeout
+# aborts the job naming that rank.
+EDGES = (
+    ("simulator", "generator", "OBS"),          # ObsRequest buffer, per group
+    ("generator", "simulator", "ACTION"),       # ActionReply buffer, per group
+    ("simulator", "trainer", "SHARD_READY"),    # a shard was published
+    ("simulator", "generator", "DONE"),
+    ("simulator", "trainer", "DONE"),
+    ("trainer0", "generator", "WEIGHTS"),       # header + flat buffer, with credits
+    ("trainer0", "simulator", "STOP"),
+    ("trainer0", "generator", "STOP"),
+    ("trainer0", "trainer", "PLAN"),            # what each optimizer step trains
+    ("generator", "trainer0", "DONE"),
+)
+
+
+def ranks_of(d, role: str, rank: int) -> set[int]:
+    """Concrete ranks playing `role` that talk with `rank` (groups pin sims to generators)."""
+    if role == "trainer0":
+        return {d.train_ranks[0]}
+    if role == "trainer":
+        return set(d.train_ranks)
+    mine = set(d.role_of(rank))
+    if role == "generator" and "simulator" in mine:
+        return {d.gen_ranks[g.gen_index] for g in d.groups_of_sim(rank)}
+    if role == "simulator" and "generator" in mine:
+        return {g.sim_rank for g in d.groups_of_gen(d.gen_ranks.index(rank))}
+    return set({"simulator": d.sim_ranks, "generator": d.gen_ranks}[role])
+
+
+def peers(d, rank: int) -> tuple[int, ...]:
+    """Ranks this rank exchanges heartbeats with: both ends of every edge it is on."""
+    mine = set(d.role_of(rank)) | ({"trainer0"} if rank == d.train_ranks[0] else set())
+    out: set[int] = set()
+    for src, dst, _ in EDGES:
+        if src in mine:
+            out |= ranks_of(d, dst, rank)
+        if dst in mine:
+            out |= ranks_of(d, src, rank)
+    out.discard(rank)
+    return tuple(sorted(out))
+
+
+def main(run_dir: str) -> int:
+    from mpi4py import MPI
+
+    from . import config
+    from .metrics import Metrics
+    from .transport import Transport, clock_offsets
+
+    run = Path(run_dir)
+    cfg = config.load(run)
+    d = config.derive(cfg)
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    if comm.Get_size() != d.world_size:
+        raise config.ConfigError(
+            f"MPI world has {comm.Get_size()} ranks but the config needs {d.world_size} "
+            f"(cluster.sim_ranks + gen_ranks + train_ranks, placement={cfg.mode.placement})")
+    roles = d.role_of(rank)
+    role_name = "+".join(roles)
+    names = {r: "+".join(d.role_of(r)) for r in range(d.world_size)}
+    offset = clock_offsets(comm, cfg.runtime.startup_timeout)
+    metrics = Metrics(run, rank, role_name, offset)
+    tr = Transport(comm, names, peers(d, rank), cfg.runtime.startup_timeout, cfg.runtime.heartbeat_interval,
+                   cfg.runtime.idle_sleep, cfg.runtime.max_idle_sleep)
+    if rank == 0:
+        print(config.plan_table(cfg, d), flush=True)
+    actors = build_roles(cfg, d, tr, metrics, run, roles, rank)
+    # Start-up (env processes, model init) may be slow; from here on peers must stay live.
+    tr.liveness_timeout = cfg.runtime.liveness_timeout
+    for p in tr.last_seen:
+        tr.seen(p)
+    drive(actors, tr)
+    tr.flush(cfg.runtime.shutdown_timeout)
+    summary = metrics.close()
+    return 0
+
+
+def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int) -> list:
+    if "simulator" in roles:
+        from .simulator import Simulator
+        return [Simulator(cfg, d, tr, metrics, run)]
+    import torch
+
+    torch.set_num_threads(cfg.policy.torch_threads)
+    actors = []
+    gen = None
+    if "generator" in roles:
+        from .generator import Generator
+        gen = Generator(cfg, d, tr, metrics, d.gen_ranks.index(rank))
+        actors.append(gen)
+    if "trainer" in roles:
+        from .trainer import Trainer
+        actors.append(Trainer(cfg, d, tr, metrics, run, d.train_ranks.index(rank), local_gen=gen))
+    return actors
+
+
+def drive(actors: list, tr) -> None:
+    """Step every role hosted by this rank until all are done; back off when idle."""
+    while not all(a.done for a in actors):
+        work = False
+        for a in actors:
+            work |= a.step()
+        tr.tick()
+        if work:
+            tr.backoff.busy()
+        else:
+            tr.backoff.idle()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,230 @@
+"""Simulator role: hosts env groups, asks Generators for actions, writes trajectory shards.
+
+Imports numpy, mpi4py and zarr only — never torch (Simulator ranks sit on CPU nodes).
+
+Each group runs its own loop, advanced without blocking so that several groups on one rank
+overlap simulation with inference:
+
+    obs ready -> ObsRequest(ACT) -> wait ActionReply -> step envs (maybe in child processes)
+      -> record transition -> after `segment_steps` steps: ObsRequest(BOOTSTRAP) for V(s_T)
+      -> write the segment as a shard (atomic) -> ShardReady to every Trainer -> next segment.
+
+Segment `seq` of a group belongs to rollout step `seq // segments_per_step`; the Generator
+serves it only once the Trainer has granted credits up to that step (bounded staleness).
+With `mode.env_level` off, the groups of a rank advance in lockstep (the sync baseline).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import shards
+from .config import Derived, Group, RunConfig
+from .envs import make_vec_env, spec
+from .envs.base import GroupStep
+from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec
+
+# Group states
+RESETTING, SEND, WAIT_ACTION, STEPPING, WAIT_BOOTSTRAP = range(5)
+
+
+@dataclass
+class SegmentBuffer:
+    """Time-major arrays of one segment being recorded ([T, N, ...])."""
+
+    arrays: dict[str, np.ndarray]
+
+    @classmethod
+    def allocate(cls, T: int, n: int, sp) -> "SegmentBuffer":
+        z = np.zeros
+        return cls({
+            "images": z((T, n, sp.cameras, sp.image_size, sp.image_size, 3), np.uint8),
+            "proprio": z((T, n, sp.proprio_dim), np.float32),
+            "tokens": z((T, n, sp.instruction_len), np.int32),
+            "action_tokens": z((T, n, sp.action_dim), np.int32),
+            "actions": z((T, n, sp.action_dim), np.float32),
+            "logprobs": z((T, n), np.float32),
+            "values": z((T, n), np.float32),
+            "rewards": z((T, n), np.float32),
+            "terminated": z((T, n), bool),
+            "truncated": z((T, n), bool),
+            "success": z((T, n), bool),
+            "versions": z((T, n), np.int32),
+        })
+
+
+class GroupLoop:
+    """One env group's state machine."""
+
+    def __init__(self, sim: "Simulator", g: Group, first_seq: int):
+        self.sim, self.g = sim, g
+        cfg, sp = sim.cfg, sim.spec
+        self.gen_rank = sim.d.gen_ranks[g.gen_index]
+        self.env = make_vec_env(cfg, list(range(g.env_offset, g.env_offset + g.size)), cfg.seed)
+        self.T = cfg.algo.segment_steps
+        self.seg = SegmentBuffer.allocate(self.T, g.size, sp)
+        self.obs_buf = sim.obs_codec.alloc(g.size)
+        self.reply_buf = sim.act_codec.alloc(g.size)
+        self.cur = {"images": None, "proprio": None, "tokens": None}
+        self.seq, self.t = first_seq, 0
+        self.ret = np.zeros(g.size, np.float32)      # running episode return per env
+        self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
+        self.send_req = self.recv_req = None
+        self.t_sent = 0.0
+        self.state = RESETTING
+        self.env.start_reset()
+
+    @property
+    def step_index(self) -> int:
+        return self.seq // self.sim.d.segments_per_step
+
+    # ------------------------------------------------------------ transitions
+    def advance(self, may_send: bool) -> bool:
+        """Do whatever this group can do now without blocking. Returns True if it did work."""
+        if self.state in (RESETTING, STEPPING):
+            if not self.env.ready():
+                return False
+            self._on_env_result(self.env.result())
+            return True
+        if self.state == SEND and may_send:
+            self._send_request(Kind.ACT)
+            return True
+        if self.state in (WAIT_ACTION, WAIT_BOOTSTRAP) and self.recv_req.Test():
+            self.sim.transport.seen(self.gen_rank)
+            self.sim.metrics.span("wait_action", self.t_sent, time.time() - self.t_sent, gid=self.g.gid)
+            if self.state == WAIT_ACTION:
+                self._on_action()
+            else:
+                self._on_bootstrap()
+            return True
+        return False
+
+    def _send_request(self, kind: Kind) -> None:
+        if self.send_req is not None:
+            self.sim.transport.wait(self.send_req, self.sim.cfg.runtime.liveness_timeout, self.gen_rank, "obs send")
+        header = (self.g.gid, self.seq * (self.T + 1) + self.t, self.step_index, int(kind))
+        self.sim.obs_codec.pack(self.obs_buf, header, self.cur)
+        self.recv_req = self.sim.transport.irecv_buf(self.gen_rank, Tag.ACTION + self.g.gid, self.reply_buf)
+        self.send_req = self.sim.transport.isend_buf(self.gen_rank, Tag.OBS + self.g.gid, self.obs_buf)
+        self.t_sent = time.time()
+        self.state = WAIT_ACTION if kind == Kind.ACT else WAIT_BOOTSTRAP
+
+    def _on_action(self) -> None:
+        r = self.sim.act_codec.unpack(self.reply_buf, self.g.size)
+        version = self.sim.act_codec.header(self.reply_buf)[2]
+        s, t = self.seg.arrays, self.t
+        for k in ("images", "proprio", "tokens"):
+            s[k][t] = self.cur[k]
+        s["action_tokens"][t] = r["action_tokens"]
+        s["actions"][t] = r["action"]
+        s["logprobs"][t] = r["logprob"]
+        s["values"][t] = r["value"]
+        s["versions"][t] = version
+        self.env.start_step(r["action"].copy())
+        self.state = STEPPING
+
+    def _on_env_result(self, out: GroupStep) -> None:
+        m = self.sim.metrics
+        if self.state == STEPPING:
+            s, t = self.seg.arrays, self.t
+            s["rewards"][t], s["terminated"][t], s["truncated"][t], s["success"][t] = (
+                out.reward, out.terminated, out.truncated, out.success)
+            m.span("sim_step", time.time() - out.step_s, out.step_s, gid=self.g.gid, n=self.g.size)
+            if out.reset_s:
+                m.span("reset", time.time(), out.reset_s, gid=self.g.gid)
+            self._count_episodes(out)
+            self.t += 1
+        self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
+        if self.state == STEPPING and self.t == self.T:
+            self._send_request(Kind.BOOTSTRAP)
+        else:
+            self.state = SEND
+
+    def _count_episodes(self, out: GroupStep) -> None:
+        self.ret += out.reward
+        ended = out.terminated | out.truncated
+        st = self.stats
+        st["episodes"] += int(ended.sum())
+        st["successes"] += int((out.success & ended).sum())
+        st["return_sum"] += float(self.ret[ended].sum())
+        st["env_errors"] += out.errors
+        self.ret[ended] = 0.0
+
+    def _on_bootstrap(self) -> None:
+        bootstrap = self.sim.act_codec.unpack(self.reply_buf, self.g.size)["value"].copy()
+        self.sim.publish(self, bootstrap)
+        self.seq += 1
+        self.t = 0
+        self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
+        self.state = SEND
+
+    def cancel(self) -> None:
+        """At shutdown: drop a pending reply receive (the Generator stops answering)."""
+        if self.state in (WAIT_ACTION, WAIT_BOOTSTRAP) and self.recv_req is not None and not self.recv_req.Test():
+            self.recv_req.Cancel()
+            self.recv_req.Wait()
+
+
+class Simulator:
+    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, run_dir: Path):
+        self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
+        self.rank = transport.rank
+        self.spec = spec(cfg)
+        self.obs_codec, self.act_codec = obs_codec(self.spec), action_codec(self.spec)
+        self.shards_dir = run_dir / "shards"
+        self.shards_dir.mkdir(parents=True, exist_ok=True)
+        published = shards.scan(self.shards_dir)
+        self.groups = []
+        for g in d.groups_of_sim(self.rank):
+            first_seq = sum(1 for n in published if shards.parse_name(n)[1] == g.gid)  # resume after restart
+            self.groups.append(GroupLoop(self, g, first_seq))
+        self.stopped = False
+        self.done = False
+
+    def step(self) -> bool:
+        """One pass over the groups; returns True if anything progressed."""
+        if self.stopped:
+            return False
+        may_send = self.cfg.mode.env_level or all(g.state in (SEND, WAIT_BOOTSTRAP) for g in self.groups)
+        work = False
+        for g in self.groups:
+            work |= g.advance(may_send)
+        got = self.transport.poll(Tag.STOP)
+        if got is not None:
+            self.shutdown(got[1])
+        return work
+
+    def publish(self, group: GroupLoop, bootstrap: np.ndarray) -> None:
+        g = group.g
+        name = shards.shard_name(group.step_index, g.gid, group.seq)
+        arrays = group.seg.arrays
+        with self.metrics.timed("shard_write", gid=g.gid):
+            shards.write_shard(self.shards_dir, name, arrays, bootstrap, {
+                "producer_rank": self.rank, "group": g.gid, "seq": group.seq, "step": group.step_index,
+                "env_ids": list(range(g.env_offset, g.env_offset + g.size)),
+                "env": self.cfg.env.name, "task": self.cfg.env.task})
+        v = arrays["versions"]
+        msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
+                         group.stats["episodes"], group.stats["successes"], group.stats["return_sum"],
+                         group.stats["env_errors"], self.rank)
+        for tr in self.d.train_ranks:
+            self.transport.send(tr, Tag.SHARD_READY, msg)
+
+    def shutdown(self, stop: Stop) -> None:
+        """Stop on the Trainer's word: drop pending replies, let in-flight requests land (the
+        Generators drain until every Simulator said Done), then say Done and close the envs."""
+        self.stopped = True
+        for g in self.groups:
+            g.cancel()
+            if g.send_req is not None:
+                self.transport.wait(g.send_req, self.cfg.runtime.shutdown_timeout, g.gen_rank, "final obs send")
+        done = Done(self.rank, "simulator")
+        peers = {self.d.gen_ranks[g.g.gen_index] for g in self.groups} | set(self.d.train_ranks)
+        for r in sorted(peers):
+            self.transport.send(r, Tag.DONE, done)
+        for g in self.groups:
+            g.env.close()
+        self.done = True

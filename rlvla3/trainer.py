@@ -1,0 +1,465 @@
+"""Trainer role: consumes shards as they are announced and trains the policy with PPO.
+
+Trainers are data-parallel over their own process group (gloo on CPU, NCCL on GPU). Trainer 0
+is the leader: it decides what each optimizer step trains (a `Plan` of shard row slices) and
+sends it to the others; each shard is read and trained only by its owner
+(crc32(name) % n_trainers). Gradients (and the row count) are all-reduced, so every optimizer
+step sees exactly `global_batch` samples however the rows are spread.
+
+Per version k (= rollout step k):
+  - epoch 0 takes the step's rows in arrival order; with `mode.streaming` an optimizer step
+    starts as soon as `global_batch` rows are announced, otherwise once the whole rollout step
+    is in; later epochs revisit the step's shards in a seeded shuffled order;
+  - π_prox is a frozen copy of the weights at the start of the step; stale rows (behaviour
+    version < k) get their proximal log-prob from it (decoupled PPO);
+  - after `update_epochs * rollout_batch / global_batch` optimizer steps: publish version k+1
+    with credits up to step k+1+eta, checkpoint (model, optimizer, counters, ledger), log.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import time
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import shards
+from .algo import decoupled_ppo_loss, gae
+from .config import Derived, RunConfig
+from .envs import spec
+from .generator import pick_device
+from .policies import make_policy
+from .policies.base import flat_params
+from .protocol import Plan, ShardReady, Slice, Stop, Tag, WeightsHeader
+
+LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
+
+
+@dataclass
+class Rows:
+    """A loaded shard, flattened to rows (row = t * n_envs + env), ready for training."""
+
+    images: torch.Tensor
+    proprio: torch.Tensor
+    tokens: torch.Tensor
+    action_tokens: torch.Tensor
+    logp_behav: torch.Tensor
+    logp_prox: torch.Tensor   # NaN until computed (only needed for stale rows)
+    adv: torch.Tensor
+    ret: torch.Tensor
+    versions: torch.Tensor
+
+
+def load_rows(path: Path, gamma: float, lam: float) -> Rows:
+    """Read a shard and compute its advantages and returns (GAE over the segment)."""
+    a, _ = shards.read_shard(path)
+    adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], gamma, lam)
+
+    def flat(x):
+        return torch.from_numpy(np.ascontiguousarray(x.reshape(-1, *x.shape[2:])))
+
+    lb = flat(a["logprobs"])
+    return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), flat(a["action_tokens"]), lb,
+                torch.full_like(lb, float("nan")), flat(adv), flat(ret), flat(a["versions"]))
+
+
+def owner_of(name: str, n_trainers: int) -> int:
+    return zlib.crc32(name.encode()) % n_trainers
+
+
+def take_rows(order: list[tuple[str, int]], cursor: tuple[int, int], n: int, n_trainers: int):
+    """Slices covering the next `n` rows of `order` [(shard, rows)] from `cursor` (index, row)."""
+    i, r = cursor
+    slices = []
+    while n > 0 and i < len(order):
+        name, rows = order[i]
+        k = min(n, rows - r)
+        slices.append(Slice(name, r, r + k, owner_of(name, n_trainers)))
+        n -= k
+        r += k
+        if r == rows:
+            i, r = i + 1, 0
+    return slices, (i, r)
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, run_dir: Path, index: int, local_gen=None):
+        self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
+        self.run_dir, self.index, self.local_gen = run_dir, index, local_gen
+        self.n = len(d.train_ranks)
+        self.leader = index == 0
+        self.shards_dir = run_dir / "shards"
+        self.ckpt_dir = run_dir / "ckpt"
+        self.device = pick_device(cfg.policy.device)
+        self.policy = make_policy(cfg, spec(cfg)).to(self.device)
+        self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
+        self.version = self.opt_step = self.rows_trained = 0
+        self.ledger = shards.Ledger.empty()
+        self.announced: dict[int, list[ShardReady]] = defaultdict(list)
+        self.loaded: dict[str, Rows] = {}
+        self.bad: set[str] = set()
+        self.cursor = (0, 0)
+        self.step_in_version = 0
+        self.order: list[tuple[str, int]] = []
+        self.version_stats = defaultdict(float)
+        self.loss_sums = defaultdict(float)
+        self.t_version = time.time()
+        self.history: list[dict] = []
+        self.stopping = False
+        self.done = False
+        self.tb = None
+        if self.n > 1:
+            self._init_process_group()
+        if cfg.resume:
+            self._resume()
+        self.prox = self._snapshot()
+        if self.leader:
+            self.ckpt_dir.mkdir(exist_ok=True)
+            if cfg.runtime.tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(run_dir / "tb"))
+        self.t0 = time.time()
+        self._publish()
+
+    # ------------------------------------------------------------ setup
+    def _init_process_group(self) -> None:
+        """Data-parallel group over the Trainer ranks: Trainer 0 picks a port and tells the rest."""
+        import torch.distributed as dist
+
+        leader = self.d.train_ranks[0]
+        if self.leader:
+            s = socket.socket()
+            s.bind(("", 0))
+            addr = (socket.gethostname(), s.getsockname()[1])
+            s.close()
+            for r in self.d.train_ranks[1:]:
+                self.transport.send(r, Tag.PLAN, addr)
+        else:
+            addr = self.transport.recv(leader, Tag.PLAN, self.cfg.runtime.startup_timeout, "process-group address")
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{addr[0]}:{addr[1]}", rank=self.index,
+                                world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.liveness_timeout))
+
+    def _snapshot(self):
+        """π_prox: the weights at the start of the rollout step (only stale rows need it)."""
+        return copy.deepcopy(self.policy).eval() if self.cfg.mode.eta > 0 else None
+
+    def _resume(self) -> None:
+        ckpts = sorted(self.ckpt_dir.glob("v*.pt"))
+        if not ckpts:
+            return
+        state = torch.load(ckpts[-1], map_location=self.device, weights_only=True)
+        self.policy.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.version, self.opt_step, self.rows_trained = (int(state[k]) for k in ("version", "opt_step", "rows_trained"))
+        self.ledger = shards.Ledger.from_state(state["ledger"])
+        self.history = json.loads(state["history"])
+        # Published shards the checkpoint has not trained are announced again, in name order.
+        for name in shards.scan(self.shards_dir):
+            step, gid, seq = shards.parse_name(name)
+            if step >= self.version and self.ledger.consumed(name) == 0:
+                attrs = json.loads((self.shards_dir / name / "zarr.json").read_text())["attributes"]
+                self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"],
+                                          attrs["max_version"]))
+        print(f"[trainer {self.index}] resumed from {ckpts[-1].name}: version {self.version}, "
+              f"{self.rows_trained} rows trained", flush=True)
+
+    # ------------------------------------------------------------ intake
+    def _announce(self, msg: ShardReady) -> None:
+        if msg.step < self.version:
+            return  # already trained (a duplicate announcement after a restart)
+        self.announced[msg.step].append(msg)
+        if self.cfg.mode.overlap and owner_of(msg.name, self.n) == self.index:
+            self._load(msg.name)
+
+    def _intake(self) -> bool:
+        work = False
+        while (got := self.transport.poll(Tag.SHARD_READY)) is not None:
+            work = True
+            if not self.stopping:
+                self._announce(got[1])
+        return work
+
+    def _load(self, name: str) -> Rows | None:
+        if name in self.loaded or name in self.bad:
+            return self.loaded.get(name)
+        path = self.shards_dir / name
+        try:
+            with self.metrics.timed("load_shard", shard=name):
+                self.loaded[name] = load_rows(path, self.cfg.algo.gamma, self.cfg.algo.gae_lambda)
+        except shards.ShardError as e:
+            shards.quarantine(path, str(e))
+            self.bad.add(name)
+            self.metrics.scalar("bad_shards", len(self.bad))
+            return None
+        return self.loaded[name]
+
+    # ------------------------------------------------------------ planning (leader)
+    def _next_plan(self) -> Plan | None:
+        a, k = self.cfg.algo, self.version
+        per_epoch = a.rollout_batch // a.global_batch
+        epoch = self.step_in_version // per_epoch
+        arrived = self.announced[k]
+        complete = sum(m.rows for m in arrived) >= a.rollout_batch
+        if epoch == 0:
+            self.order = [(m.name, m.rows) for m in arrived]
+            avail = sum(r for _, r in self.order) - self._position(self.order, self.cursor)
+            if not (complete or (self.cfg.mode.streaming and avail >= a.global_batch)):
+                return None
+        elif self.step_in_version % per_epoch == 0:
+            rng = np.random.default_rng([self.cfg.seed, k, epoch])
+            names = [(m.name, m.rows) for m in arrived]
+            self.order = [names[i] for i in rng.permutation(len(names))]
+            self.cursor = (0, 0)
+        slices, self.cursor = take_rows(self.order, self.cursor, a.global_batch, self.n)
+        self.step_in_version += 1
+        if self.step_in_version % per_epoch == 0:
+            self.cursor = (0, 0)
+        return Plan(k, self.opt_step + 1, tuple(slices), end_of_version=self.step_in_version == self.d.opt_steps_per_version)
+
+    @staticmethod
+    def _position(order, cursor) -> int:
+        i, r = cursor
+        return sum(rows for _, rows in order[:i]) + r
+
+    # ------------------------------------------------------------ training
+    def _execute(self, plan: Plan) -> None:
+        t0 = time.time()
+        mine = [s for s in plan.slices if s.owner == self.index]
+        batch = self._gather(mine)
+        self.opt.zero_grad(set_to_none=False)
+        sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
+        count = 0
+        if batch is not None:
+            count = batch["adv"].shape[0]
+            for i in range(0, count, self.cfg.algo.micro_batch):
+                mb = {k: v[i:i + self.cfg.algo.micro_batch].to(self.device) for k, v in batch.items()}
+                terms = self._loss(mb)
+                terms.total.backward()
+                sums[1:] += torch.tensor([float(getattr(terms, k)) for k in LOSS_KEYS], dtype=torch.float64)
+        sums[0] = count
+        total = self._allreduce(sums)
+        if total[0] > 0:
+            for p in self.policy.parameters():
+                p.grad.div_(float(total[0]))
+            if self.cfg.algo.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.algo.max_grad_norm)
+            self.opt.step()
+        self.opt_step = plan.opt_step
+        self._account(plan, total)
+        self.metrics.span("train", t0, time.time() - t0, rows=count, opt_step=self.opt_step, version=self.version)
+        if plan.end_of_version:
+            self._finish_version()
+
+    def _gather(self, mine: list[Slice]) -> dict[str, torch.Tensor] | None:
+        parts = []
+        for s in mine:
+            rows = self._load(s.name)
+            if rows is None:
+                continue
+            self._fill_prox(rows, s.start, s.stop)
+            parts.append({k: getattr(rows, k)[s.start:s.stop] for k in
+                          ("images", "proprio", "tokens", "action_tokens", "logp_behav", "logp_prox", "adv", "ret")})
+        if not parts:
+            return None
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def _fill_prox(self, rows: Rows, start: int, stop: int) -> None:
+        """log π_prox for rows [start, stop): the behaviour log-prob for fresh rows (produced by
+        this very version), the frozen step-start model for stale ones (computed once, cached)."""
+        sl = slice(start, stop)
+        todo = torch.isnan(rows.logp_prox[sl])
+        if not todo.any():
+            return
+        fresh = rows.versions[sl] >= self.version
+        rows.logp_prox[sl] = torch.where(fresh, rows.logp_behav[sl], rows.logp_prox[sl])
+        stale = torch.nonzero(todo & ~fresh)[:, 0] + start
+        if len(stale):
+            with torch.no_grad():
+                lp, _, _ = self.prox.evaluate(rows.images[stale].to(self.device), rows.proprio[stale].to(self.device),
+                                              rows.tokens[stale].to(self.device), rows.action_tokens[stale].to(self.device))
+            rows.logp_prox[stale] = lp.cpu()
+
+    def _loss(self, mb):
+        a = self.cfg.algo
+        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["action_tokens"])
+        return decoupled_ppo_loss(logp, mb["logp_prox"], mb["logp_behav"], mb["adv"], value, mb["ret"], ent,
+                                  a.clip, a.behaviour_clip, a.vf_coef, a.ent_coef)
+
+    def _allreduce(self, sums: torch.Tensor) -> torch.Tensor:
+        """Sum gradients and loss statistics over Trainers in one collective."""
+        if self.n == 1:
+            return sums
+        import torch.distributed as dist
+
+        grads = [p.grad.reshape(-1) for p in self.policy.parameters()]
+        buf = torch.cat([*grads, sums.to(grads[0].device, grads[0].dtype)])
+        t0 = time.time()
+        dist.all_reduce(buf)
+        self.metrics.span("comm", t0, time.time() - t0, what="allreduce", bytes=buf.numel() * buf.element_size())
+        off = 0
+        for p in self.policy.parameters():
+            p.grad.copy_(buf[off:off + p.numel()].view_as(p))
+            off += p.numel()
+        return buf[off:].to(torch.float64).cpu()
+
+    def _account(self, plan: Plan, total: torch.Tensor) -> None:
+        per_epoch = self.cfg.algo.rollout_batch // self.cfg.algo.global_batch
+        first_epoch = (self.step_in_version - 1) // per_epoch == 0 if self.leader else None
+        if self.leader and first_epoch:
+            for s in plan.slices:
+                self.ledger.advance(s.name, s.stop)
+            self.rows_trained += sum(s.stop - s.start for s in plan.slices)
+        for k, v in zip(LOSS_KEYS, total[1:].tolist()):
+            self.loss_sums[k] += v
+        self.loss_sums["rows"] += float(total[0])
+
+    def _finish_version(self) -> None:
+        k = self.version
+        self.version += 1
+        self.step_in_version = 0
+        self.cursor = (0, 0)
+        arrived = self.announced.pop(k, [])
+        for m in arrived:
+            self.loaded.pop(m.name, None)
+        self.prox = self._snapshot()
+        self._publish()
+        if self.leader:
+            self._log_version(k, arrived)
+            if self.version % self.cfg.runtime.ckpt_every == 0 or self.version >= self.cfg.algo.max_versions:
+                self.checkpoint()
+            if not self.cfg.runtime.keep_shards:
+                for m in arrived:
+                    shutil_rmtree(self.shards_dir / m.name)
+            if self.version >= self.cfg.algo.max_versions:
+                self._begin_stop("max_versions reached")
+
+    # ------------------------------------------------------------ weights, checkpoints, logs
+    def _publish(self) -> None:
+        """Weights of the current version + credits up to step version + eta, to the Generators."""
+        granted = self.version + self.cfg.mode.eta
+        t0 = time.time()
+        if self.local_gen is not None:
+            self.local_gen.set_weights(flat_params(self.policy), self.version, granted)
+        elif self.leader:
+            flat = flat_params(self.policy)
+            reqs = []
+            for g in self.d.gen_ranks:
+                self.transport.send(g, Tag.WEIGHTS, WeightsHeader(self.version, granted, flat.size))
+                reqs.append((g, self.transport.isend_buf(g, Tag.WEIGHTS_BUF, flat)))
+            for g, req in reqs:
+                self.transport.wait(req, self.cfg.runtime.liveness_timeout, g, "weights send")
+        self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version)
+
+    def checkpoint(self) -> Path:
+        """model + optimizer + counters + ledger in one file, published by atomic rename."""
+        state = {"model": self.policy.state_dict(), "optimizer": self.opt.state_dict(),
+                 "version": self.version, "opt_step": self.opt_step, "rows_trained": self.rows_trained,
+                 "ledger": self.ledger.to_state(), "history": json.dumps(self.history)}
+        path = self.ckpt_dir / f"v{self.version:06d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.rename(path)
+        return path
+
+    def _log_version(self, k: int, arrived: list[ShardReady]) -> None:
+        now = time.time()
+        rows = self.loss_sums.pop("rows", 0.0) or 1.0
+        eps = sum(m.episodes for m in arrived)
+        rec = {"version": k + 1, "t": now - self.t0, "version_s": now - self.t_version,
+               "env_steps": sum(m.rows for m in arrived), "rows_trained": self.rows_trained,
+               "episodes": eps, "success": sum(m.successes for m in arrived) / eps if eps else float("nan"),
+               "return": sum(m.return_sum for m in arrived) / eps if eps else float("nan"),
+               "env_errors": sum(m.env_errors for m in arrived),
+               "staleness_max": k - min((m.min_version for m in arrived), default=k),
+               **{f"loss_{key}": self.loss_sums.pop(key, 0.0) / rows for key in LOSS_KEYS}}
+        rec["steps_per_s"] = rec["env_steps"] / max(rec["version_s"], 1e-9)
+        self.t_version = now
+        self.history.append(rec)
+        for key, v in rec.items():
+            self.metrics.scalar(key, v, version=k + 1)
+            if self.tb is not None:
+                self.tb.add_scalar(key, v, k + 1)
+        if self.cfg.runtime.progress:
+            print(f"[train] version {k + 1:4d} | rows {self.rows_trained:7d} | {rec['steps_per_s']:7.1f} steps/s | "
+                  f"success {rec['success']:.2f} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f} | "
+                  f"staleness<= {rec['staleness_max']} | {rec['t']:.1f}s", flush=True)
+
+    # ------------------------------------------------------------ loop
+    def step(self) -> bool:
+        if self.done:
+            return False
+        work = self._intake()
+        if self.stopping:
+            self.transport.poll_done()
+            return work | self._maybe_done()
+        if self.leader:
+            plan = self._next_plan()
+            if plan is not None:
+                for r in self.d.train_ranks[1:]:
+                    self.transport.send(r, Tag.PLAN, plan)
+                self._execute(plan)
+                work = True
+        else:
+            got = self.transport.poll(Tag.PLAN, self.d.train_ranks[0])
+            if got is not None:
+                work = True
+                if got[1].stop:
+                    self.stopping = True
+                    self.record_params()
+                    if self.local_gen is not None:
+                        self.local_gen.stop(Stop("trainer stop"))
+                    self.done = True
+                else:
+                    self._execute(got[1])
+        return work
+
+    def _begin_stop(self, reason: str) -> None:
+        self.stopping = True
+        for r in self.d.train_ranks[1:]:
+            self.transport.send(r, Tag.PLAN, Plan(self.version, self.opt_step, stop=True))
+        stop = Stop(reason)
+        for r in self.d.sim_ranks:
+            self.transport.send(r, Tag.STOP, stop)
+        for r in self.d.gen_ranks:
+            if r != self.transport.rank:
+                self.transport.send(r, Tag.STOP, stop)
+        if self.local_gen is not None:
+            self.local_gen.stop(stop)
+
+    def _maybe_done(self) -> bool:
+        expected = set(self.d.sim_ranks) | set(self.d.gen_ranks)
+        if not expected <= self.transport.done_ranks:
+            return False
+        self.record_params()
+        self._write_summary()
+        if self.tb is not None:
+            self.tb.close()
+        self.done = True
+        return True
+
+    def record_params(self) -> None:
+        """A hash of this Trainer's parameters (data-parallel ranks must agree bit for bit)."""
+        import hashlib
+
+        digest = hashlib.sha256(flat_params(self.policy).tobytes()).hexdigest()
+        (self.run_dir / f"params-trainer{self.index}.sha256").write_text(digest + "\n")
+
+    def _write_summary(self) -> None:
+        summary = {"versions": self.version, "opt_steps": self.opt_step, "rows_trained": self.rows_trained,
+                   "wall_s": time.time() - self.t0, "bad_shards": sorted(self.bad), "history": self.history,
+                   "param_checksum": float(flat_params(self.policy).astype(np.float64).sum())}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def shutil_rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
