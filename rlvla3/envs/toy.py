@@ -1,9 +1,12 @@
 """`toy`: reach the named coloured square on a small rendered grid.
 
-A grid of `env.grid` cells is rendered into an RGB image; two targets of different colours and
-a white agent are placed at random. The instruction names one target ("go to the red square").
+Two targets of different colours and the agent are placed at random on a grid of `env.grid`
+cells. The image is egocentric: a (2*grid - 1)-cell view centred on the agent (white), cells
+outside the grid grey, so the direction to a target is where it appears relative to the centre. The instruction names one target ("go to the red square").
 Action: 2-D in [-1, 1], each coordinate moves the agent -1/0/+1 cell (dead zone |a| < 1/3).
-Reward 1 and success when the agent reaches the named target. Small enough that the tiny VLA
+Reward 1 and success when the agent reaches the named target, plus a potential-based shaping
+term 0.1 * (distance before - distance after) (Ng et al. 1999: it leaves the optimal policy
+unchanged and speeds learning). Small enough that the tiny VLA
 learns it (language + vision) in about a minute on one core.
 """
 from __future__ import annotations
@@ -20,9 +23,10 @@ COLORS = {"red": (230, 40, 40), "green": (40, 200, 40), "blue": (50, 80, 240), "
 class ToyEnv:
     def __init__(self, cfg_env):
         self.g, self.size = cfg_env.grid, cfg_env.image_size
-        if self.size % self.g:
-            raise ValueError(f"env.image_size={self.size} must be a multiple of env.grid={self.g} for env=toy")
-        self.cell = self.size // self.g
+        self.view = 2 * self.g - 1
+        if self.size % self.view:
+            raise ValueError(f"env.image_size={self.size} must be a multiple of 2 * env.grid - 1 = {self.view} for env=toy")
+        self.cell = self.size // self.view
         self.rng = np.random.default_rng(0)
 
     def reset(self, seed: int) -> Obs:
@@ -36,15 +40,27 @@ class ToyEnv:
 
     def step(self, action: np.ndarray):
         move = (action[:2] > 1 / 3).astype(int) - (action[:2] < -1 / 3).astype(int)
+        before = self._distance()
         self.agent = np.clip(self.agent + move, 0, self.g - 1)
         success = bool((self.agent == self.targets[self.goal]).all())
-        return self._obs(), float(success), success, success, 0.0
+        reward = float(success) + 0.1 * (before - self._distance())
+        return self._obs(), reward, success, success, 0.0
+
+    def _distance(self) -> int:
+        """Moves needed to reach the goal (diagonal moves allowed)."""
+        return int(np.abs(self.agent - self.targets[self.goal]).max())
 
     def _obs(self) -> Obs:
         img = np.zeros((self.size, self.size, 3), np.uint8)
+        off = self.g - 1 - self.agent  # world cell (r, c) appears at view cell (r, c) + off
+        for r in range(self.view):
+            for c in range(self.view):
+                wr, wc = r - off[0], c - off[1]
+                if not (0 <= wr < self.g and 0 <= wc < self.g):
+                    self._paint(img, r, c, (90, 90, 90))
         for name, (r, c) in self.targets.items():
-            self._paint(img, r, c, COLORS[name])
-        self._paint(img, *self.agent, (255, 255, 255))
+            self._paint(img, r + off[0], c + off[1], COLORS[name])
+        self._paint(img, self.g - 1, self.g - 1, (255, 255, 255))
         proprio = (self.agent / (self.g - 1) * 2 - 1).astype(np.float32)
         return Obs(img[None], proprio, f"go to the {self.goal} square")
 

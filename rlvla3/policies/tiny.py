@@ -22,17 +22,19 @@ class TinyVLA(Policy):
         self.patch, self.action_bins, self.action_dim = p, pcfg.action_bins, spec.action_dim
         n_patches = spec.cameras * (spec.image_size // p) ** 2
         self.patch_embed = nn.Linear(p * p * 3, d)
-        self.patch_pos = nn.Parameter(torch.randn(1, n_patches, d) * 0.02)
+        self.patch_pos = nn.Parameter(torch.randn(1, n_patches, d) * 0.5)
         self.word_embed = nn.Embedding(spec.vocab, d, padding_idx=0)
-        self.word_pos = nn.Parameter(torch.randn(1, spec.instruction_len, d) * 0.02)
+        self.word_pos = nn.Parameter(torch.randn(1, spec.instruction_len, d) * 0.5)
         self.proprio_embed = nn.Linear(spec.proprio_dim, d)
-        self.queries = nn.Parameter(torch.randn(1, spec.action_dim + 1, d) * 0.02)
+        self.queries = nn.Parameter(torch.randn(1, spec.action_dim + 1, d) * 0.5)
         layer = nn.TransformerEncoderLayer(d, pcfg.heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, pcfg.layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d)
         self.action_head = nn.Linear(d, pcfg.action_bins)
         self.value_head = nn.Linear(d, 1)
-        nn.init.zeros_(self.action_head.weight)  # start from a uniform action distribution
+        # Large position codes: a small model from scratch must tell patches apart from the start
+        # (ViT's 0.02 assumes long pre-training). A small action head starts near uniform.
+        nn.init.normal_(self.action_head.weight, std=0.01)
         nn.init.zeros_(self.action_head.bias)
 
     def _patches(self, images: torch.Tensor) -> torch.Tensor:
