@@ -59,6 +59,8 @@ class EnvConfig:
     """Run envs inside the Simulator rank instead of one spawned child per env (toy/emulated)."""
     grid: int = 5
     """toy: grid side in cells."""
+    distractors: int = 1
+    """toy: targets of other colours besides the named one (0 makes language unnecessary)."""
     step_ms: float = 10.0
     """emulated: median step latency (ms)."""
     step_sigma: float = 0.6

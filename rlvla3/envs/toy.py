@@ -1,6 +1,6 @@
 """`toy`: reach the named coloured square on a small rendered grid.
 
-Two targets of different colours and the agent are placed at random on a grid of `env.grid`
+A target (and `env.distractors` targets of other colours) and the agent are placed at random on a grid of `env.grid`
 cells. The image is egocentric: a (2*grid - 1)-cell view centred on the agent (white), cells
 outside the grid grey, so the direction to a target is where it appears relative to the centre. The instruction names one target ("go to the red square").
 Action: 2-D in [-1, 1], each coordinate moves the agent -1/0/+1 cell (dead zone |a| < 1/3).
@@ -27,15 +27,19 @@ class ToyEnv:
         if self.size % self.view:
             raise ValueError(f"env.image_size={self.size} must be a multiple of 2 * env.grid - 1 = {self.view} for env=toy")
         self.cell = self.size // self.view
+        self.distractors = cfg_env.distractors
+        if not 0 <= self.distractors < len(COLORS):
+            raise ValueError(f"env.distractors={self.distractors} must be in 0..{len(COLORS) - 1}")
         self.rng = np.random.default_rng(0)
 
     def reset(self, seed: int) -> Obs:
         self.rng = np.random.default_rng(seed)
-        cells = self.rng.choice(self.g * self.g, size=3, replace=False)
+        k = 1 + self.distractors
+        cells = self.rng.choice(self.g * self.g, size=1 + k, replace=False)
         self.agent = np.array(divmod(int(cells[0]), self.g))
-        names = self.rng.choice(list(COLORS), size=2, replace=False)
+        names = self.rng.choice(list(COLORS), size=k, replace=False)
         self.targets = {str(n): np.array(divmod(int(c), self.g)) for n, c in zip(names, cells[1:])}
-        self.goal = str(names[self.rng.integers(2)])
+        self.goal = str(names[self.rng.integers(k)])
         return self._obs()
 
     def step(self, action: np.ndarray):

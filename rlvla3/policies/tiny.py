@@ -20,9 +20,14 @@ class TinyVLA(Policy):
         torch.manual_seed(pcfg.init_seed)
         d, p = pcfg.d_model, pcfg.patch
         self.patch, self.action_bins, self.action_dim = p, pcfg.action_bins, spec.action_dim
-        n_patches = spec.cameras * (spec.image_size // p) ** 2
+        side = spec.image_size // p
         self.patch_embed = nn.Linear(p * p * 3, d)
-        self.patch_pos = nn.Parameter(torch.randn(1, n_patches, d) * 0.5)
+        self.patch_pos = nn.Parameter(sincos_2d(side, d).repeat(1, spec.cameras, 1))
+        n_patches = spec.cameras * side * side
+        # A global image token: a linear map of all (narrow) patch features in place order, so
+        # "what is where" is linearly readable without first learning sharp attention.
+        self.patch_narrow = nn.Linear(p * p * 3, 8)
+        self.global_embed = nn.Linear(n_patches * 8, d)
         self.word_embed = nn.Embedding(spec.vocab, d, padding_idx=0)
         self.word_pos = nn.Parameter(torch.randn(1, spec.instruction_len, d) * 0.5)
         self.proprio_embed = nn.Linear(spec.proprio_dim, d)
@@ -32,8 +37,7 @@ class TinyVLA(Policy):
         self.norm = nn.LayerNorm(d)
         self.action_head = nn.Linear(d, pcfg.action_bins)
         self.value_head = nn.Linear(d, 1)
-        # Large position codes: a small model from scratch must tell patches apart from the start
-        # (ViT's 0.02 assumes long pre-training). A small action head starts near uniform.
+        # A small action head starts near a uniform action distribution.
         nn.init.normal_(self.action_head.weight, std=0.01)
         nn.init.zeros_(self.action_head.bias)
 
@@ -42,7 +46,8 @@ class TinyVLA(Policy):
         p = self.patch
         x = images.float().div(255.0).reshape(n, cams, h // p, p, w // p, p, c)
         x = x.permute(0, 1, 2, 4, 3, 5, 6).reshape(n, cams * (h // p) * (w // p), p * p * c)
-        return self.patch_embed(x) + self.patch_pos
+        glob = self.global_embed(torch.relu(self.patch_narrow(x)).flatten(1))[:, None]
+        return torch.cat([self.patch_embed(x) + self.patch_pos, glob], 1)
 
     def logits_and_value(self, images, proprio, tokens):
         n = images.shape[0]
@@ -54,3 +59,16 @@ class TinyVLA(Policy):
         h = self.norm(self.encoder(x, src_key_padding_mask=pad))
         q = h[:, -self.queries.shape[1]:]
         return self.action_head(q[:, :-1]), self.value_head(q[:, -1])[:, 0]
+
+
+def sincos_2d(side: int, d: int) -> torch.Tensor:
+    """Fixed 2-D sine-cosine position codes [1, side*side, d] (MAE-style) used as the initial
+    patch positions: a model trained from scratch can tell where a patch is from step one,
+    and "above/left of the centre" is nearly linear in these codes."""
+    q = d // 4
+    freqs = 1.0 / (10000 ** (torch.arange(q, dtype=torch.float32) / q))
+    rows, cols = torch.meshgrid(torch.arange(side, dtype=torch.float32), torch.arange(side, dtype=torch.float32), indexing="ij")
+    r = rows.reshape(-1, 1) * freqs
+    c = cols.reshape(-1, 1) * freqs
+    pe = torch.cat([r.sin(), r.cos(), c.sin(), c.cos()], 1)
+    return torch.nn.functional.pad(pe, (0, d - pe.shape[1]))[None]
