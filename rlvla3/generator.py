@@ -195,6 +195,11 @@ class Generator:
         self.reply_reqs[r.gid] = self.transport.isend_buf(g.sim_rank, Tag.ACTION + r.gid, buf)
         self.busy.discard(r.gid)
 
+    def describe(self) -> str:
+        return (f"generator version {self.version} credits<=step {self.granted_until}: batcher "
+                f"{self.batcher.samples}/{self.batcher.b_max} samples, held {[(r.gid, r.step) for r in self.held]}, "
+                f"busy groups {sorted(self.busy)}")
+
     # ------------------------------------------------------------ loop
     def step(self) -> bool:
         if self.done:

@@ -58,12 +58,16 @@ def peers(d, rank: int) -> tuple[int, ...]:
 
 
 def main(run_dir: str) -> int:
+    import faulthandler
+    import signal
+
     from mpi4py import MPI
 
     from . import config
     from .metrics import Metrics
     from .transport import Transport, clock_offsets
 
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     run = Path(run_dir)
     cfg = config.load(run)
     d = config.derive(cfg)
@@ -112,8 +116,12 @@ def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int) -> 
     return actors
 
 
-def drive(actors: list, tr) -> None:
-    """Step every role hosted by this rank until all are done; back off when idle."""
+def drive(actors: list, tr, stall_report: float = 10.0) -> None:
+    """Step every role hosted by this rank until all are done; back off when idle. A rank that
+    has made no progress for `stall_report` seconds prints what it is waiting for (once)."""
+    import time
+
+    last_work, reported = time.monotonic(), False
     while not all(a.done for a in actors):
         work = False
         for a in actors:
@@ -121,8 +129,13 @@ def drive(actors: list, tr) -> None:
         tr.tick()
         if work:
             tr.backoff.busy()
+            last_work, reported = time.monotonic(), False
         else:
             tr.backoff.idle()
+            if not reported and time.monotonic() - last_work > stall_report:
+                print(f"[rank {tr.rank}] no progress for {stall_report:.0f}s: " +
+                      "; ".join(a.describe() for a in actors), file=sys.stderr, flush=True)
+                reported = True
 
 
 if __name__ == "__main__":

@@ -132,7 +132,7 @@ class GroupLoop:
             s, t = self.seg.arrays, self.t
             s["rewards"][t], s["terminated"][t], s["truncated"][t], s["success"][t] = (
                 out.reward, out.terminated, out.truncated, out.success)
-            m.span("sim_step", time.time() - out.step_s, out.step_s, gid=self.g.gid, n=self.g.size)
+            m.span("sim_step", time.time() - out.step_s, out.step_s, gid=self.g.gid, envs=self.g.size)
             if out.reset_s:
                 m.span("reset", time.time(), out.reset_s, gid=self.g.gid)
             self._count_episodes(out)
@@ -188,7 +188,8 @@ class Simulator:
         """One pass over the groups; returns True if anything progressed."""
         if self.stopped:
             return False
-        may_send = self.cfg.mode.env_level or all(g.state in (SEND, WAIT_BOOTSTRAP) for g in self.groups)
+        # Lockstep (sync): a group sends only when every group of the rank has its next obs ready.
+        may_send = self.cfg.mode.env_level or all(g.state == SEND for g in self.groups)
         work = False
         for g in self.groups:
             work |= g.advance(may_send)
@@ -196,6 +197,10 @@ class Simulator:
         if got is not None:
             self.shutdown(got[1])
         return work
+
+    def describe(self) -> str:
+        names = ["RESETTING", "SEND", "WAIT_ACTION", "STEPPING", "WAIT_BOOTSTRAP"]
+        return "simulator groups: " + ", ".join(f"g{g.g.gid}:{names[g.state]}@seq{g.seq}t{g.t}" for g in self.groups)
 
     def publish(self, group: GroupLoop, bootstrap: np.ndarray) -> None:
         g = group.g

@@ -1,0 +1,126 @@
+"""End-to-end: the real launcher, mpiexec, Simulator/Generator/Trainer ranks, zarr shards."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rlvla3 import shards
+from rlvla3.launch import compose, mpi_env, mpiexec_command, prepare_run_dir
+from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
+
+pytestmark = [needs_mpi, pytest.mark.slow]
+
+
+def final_ledger(run_dir):
+    ckpt = sorted((run_dir / "ckpt").glob("v*.pt"))[-1]
+    return torch.load(ckpt, weights_only=True)
+
+
+def check_every_shard_consumed_once(run_dir, versions, rollout_batch):
+    state = final_ledger(run_dir)
+    ledger = state["ledger"]["rows"]
+    names = shards.scan(run_dir / "shards")
+    trained = [n for n in names if shards.parse_name(n)[0] < versions]
+    for n in trained:
+        rows = json.loads((run_dir / "shards" / n / "zarr.json").read_text())["attributes"]["rows"]
+        assert ledger.get(n) == rows, f"{n}: ledger {ledger.get(n)} of {rows} rows"
+    assert set(ledger) == set(trained)
+    assert state["rows_trained"] == versions * rollout_batch == sum(ledger.values())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_end_to_end_both_modes(tmp_path, mode):
+    proc, run = run_engine(tmp_path, [*TOY, f"mode={mode}"])
+    assert_ok(proc)
+    s = summary(run)
+    assert s["versions"] == 3 and [h["version"] for h in s["history"]] == [1, 2, 3]
+    check_every_shard_consumed_once(run, 3, 256)
+    stale = [h["staleness_max"] for h in s["history"]]
+    assert max(stale) <= (0 if mode == "sync" else 1)
+    assert "version    3" in proc.stdout
+    assert (run / "config.yaml").exists() and list((run / "metrics").glob("rank*.jsonl"))
+
+
+def test_colocated_sync_and_eta0_barrier(tmp_path):
+    proc, run = run_engine(tmp_path, [*TOY, "mode=sync", "mode.placement=colocated"], name="colo")
+    assert_ok(proc)
+    assert summary(run)["versions"] == 3
+    proc, run = run_engine(tmp_path, [*TOY, "mode=async", "mode.eta=0"], name="eta0")
+    assert_ok(proc)
+    for n in shards.scan(run / "shards"):
+        step = shards.parse_name(n)[0]
+        v = shards.read_shard(run / "shards" / n)[0]["versions"]
+        assert (v == step).all(), f"eta=0: {n} has versions {np.unique(v)}, expected only {step}"
+
+
+def test_two_trainers_agree_and_match_one(tmp_path):
+    """Sync mode is deterministic (per-request sampling noise, seeded envs, lockstep), so the
+    1- and 2-Trainer runs see the same data; their parameters must match, and the 2 data-parallel
+    ranks must hold bit-identical parameters."""
+    common = [*TOY, "mode=sync", "algo.max_versions=2"]
+    p1, r1 = run_engine(tmp_path, common, name="one")
+    p2, r2 = run_engine(tmp_path, [*common, "cluster.train_ranks=2"], name="two")
+    assert_ok(p1)
+    assert_ok(p2)
+    a, b = (run / "params-trainer0.sha256" for run in (r1, r2))
+    assert (r2 / "params-trainer0.sha256").read_text() == (r2 / "params-trainer1.sha256").read_text()
+    names = shards.scan(r1 / "shards")
+    assert names == shards.scan(r2 / "shards")
+    for n in names:   # the same data
+        x, y = shards.read_shard(r1 / "shards" / n)[0], shards.read_shard(r2 / "shards" / n)[0]
+        np.testing.assert_array_equal(x["action_tokens"], y["action_tokens"])
+    m1 = final_ledger(r1)["model"]
+    m2 = final_ledger(r2)["model"]
+    for k in m1:
+        torch.testing.assert_close(m1[k], m2[k], rtol=1e-4, atol=1e-5)
+
+
+def test_killed_simulator_rank_fails_the_job_quickly_naming_it(tmp_path):
+    cfg = compose([*TOY, "algo.max_versions=1000", "cluster.sim_ranks=2", "env.num_envs=8",
+                   "runtime.liveness_timeout=10"])
+    run = tmp_path / "kill"
+    cfg, d = prepare_run_dir(cfg, run)
+    proc = subprocess.Popen(mpiexec_command(cfg, d.world_size, run), env=mpi_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not shards.scan(run / "shards") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert shards.scan(run / "shards"), "the run never produced a shard"
+        meta = json.loads((run / "metrics" / "rank0001.jsonl").read_text().splitlines()[0])
+        assert meta["role"] == "simulator"
+        t_kill = time.monotonic()
+        os.kill(meta["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t_kill
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert elapsed < 60
+    assert "rank 1" in out, out[-3000:]
+
+
+def test_resume_trains_every_row_exactly_once(tmp_path):
+    p, run = run_engine(tmp_path, [*TOY, "algo.max_versions=2"], name="res")
+    assert_ok(p)
+    p = subprocess.run(mpiexec_command(*_resume_cfg(run, 4)), env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert_ok(p)
+    assert "resumed from v000002.pt" in p.stdout
+    check_every_shard_consumed_once(run, 4, 256)
+
+
+def _resume_cfg(run, versions):
+    from rlvla3 import config
+
+    cfg = config.load(run)
+    cfg = config.replace(cfg, resume=True, algo={"max_versions": versions})
+    cfg, d = prepare_run_dir(cfg, run)
+    return cfg, d.world_size, run
