@@ -121,7 +121,7 @@ def drive(actors: list, tr, stall_report: float = 10.0) -> None:
     has made no progress for `stall_report` seconds prints what it is waiting for (once)."""
     import time
 
-    last_work, reported = time.monotonic(), False
+    last_work, reported = time.monotonic(), True  # silent until the first progress (env start-up is slow)
     while not all(a.done for a in actors):
         work = False
         for a in actors:
@@ -129,7 +129,7 @@ def drive(actors: list, tr, stall_report: float = 10.0) -> None:
         tr.tick()
         if work:
             tr.backoff.busy()
-            last_work, reported = time.monotonic(), False
+            last_work, reported = time.monotonic(), True  # silent until the first progress (env start-up is slow)
         else:
             tr.backoff.idle()
             if not reported and time.monotonic() - last_work > stall_report:
