@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install everything rlvla3 needs on a fresh Debian 12 machine with Python 3.11 (run as root).
+# Idempotent: skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v mpiexec >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)
+dpkg -s libegl1 >/dev/null 2>&1 || need_apt+=(libegl1 libgl1 libegl-mesa0)   # headless MuJoCo (EGL)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 "${need_apt[@]}"
+fi
+
+python -m pip install -q "torch==2.13.0"              # the CPU build; a plain `torch` pulls CUDA
+python -m pip install -q -e ".[sim,test,analysis]" "hydra-core==1.3.8" "omegaconf==2.3.*" "mujoco==3.3.7"
+python -m pip install -q --no-deps "robosuite==1.5.2"  # its mink pin would force numpy<2 (zarr 3 needs >=2)
+python - <<'PY'
+import numpy, zarr, torch, mpi4py, robosuite  # noqa: F401  (fail here, not in a test)
+assert int(numpy.__version__.split(".")[0]) >= 2, numpy.__version__
+print("rlvla3 setup ok: torch", torch.__version__, "numpy", numpy.__version__, "zarr", zarr.__version__)
+PY
