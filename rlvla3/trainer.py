@@ -209,13 +209,16 @@ class Trainer:
         arrived = self.announced[k]
         complete = sum(m.rows for m in arrived) >= a.rollout_batch
         if epoch == 0:
-            self.order = [(m.name, m.rows) for m in arrived]
+            # Streaming trains rows in arrival order; otherwise the whole step is in and a
+            # canonical (name) order makes training independent of message timing.
+            ordered = arrived if self.cfg.mode.streaming else sorted(arrived, key=lambda m: m.name)
+            self.order = [(m.name, m.rows) for m in ordered]
             avail = sum(r for _, r in self.order) - self._position(self.order, self.cursor)
             if not (complete or (self.cfg.mode.streaming and avail >= a.global_batch)):
                 return None
         elif self.step_in_version % per_epoch == 0:
             rng = np.random.default_rng([self.cfg.seed, k, epoch])
-            names = [(m.name, m.rows) for m in arrived]
+            names = sorted((m.name, m.rows) for m in arrived)
             self.order = [names[i] for i in rng.permutation(len(names))]
             self.cursor = (0, 0)
         slices, self.cursor = take_rows(self.order, self.cursor, a.global_batch, self.n)

@@ -76,10 +76,19 @@ def test_two_trainers_agree_and_match_one(tmp_path):
     for n in names:   # the same data
         x, y = shards.read_shard(r1 / "shards" / n)[0], shards.read_shard(r2 / "shards" / n)[0]
         np.testing.assert_array_equal(x["action_tokens"], y["action_tokens"])
-    m1 = final_ledger(r1)["model"]
-    m2 = final_ledger(r2)["model"]
-    for k in m1:
-        torch.testing.assert_close(m1[k], m2[k], rtol=1e-4, atol=1e-5)
+    # Adam turns float-rounding differences of the all-reduce into small parameter differences;
+    # they must be tiny next to how far training moved the parameters.
+    from rlvla3 import config
+    from rlvla3.envs import spec
+    from rlvla3.policies import make_policy
+
+    cfg = config.load(r1)
+    flat = lambda m: torch.cat([m[k].flatten().float() for k in sorted(m)])  # noqa: E731
+    p0 = flat(make_policy(cfg, spec(cfg)).state_dict())
+    p1, p2 = flat(final_ledger(r1)["model"]), flat(final_ledger(r2)["model"])
+    moved = (p1 - p0).norm()
+    assert moved > 0.1
+    assert (p1 - p2).norm() / moved < 0.01
 
 
 def test_killed_simulator_rank_fails_the_job_quickly_naming_it(tmp_path):
