@@ -19,6 +19,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from .config import derive, sharding_plan
 from .launch import compose, cpu_warning, run_local
 
 WORKLOADS = {
@@ -88,16 +89,9 @@ def stage_capacities(cfg, spans: dict, history: list[dict]) -> dict[str, float]:
     elif spans.get("sim_step", [0, 0])[0]:
         n, s = spans["sim_step"]
         per_step = s / n + spans.get("reset", [0, 0.0])[1] / max(rows, 1)
-        groups = sum(len(r) for r in spans_groups(cfg))
         cores = cfg.cluster.cores or os.cpu_count() or 1
-        out["simulator"] = min(e.num_envs, cores) / per_step if groups else float("nan")
+        out["simulator"] = min(e.num_envs, cores) / per_step if sharding_plan(cfg) else float("nan")
     return out
-
-
-def spans_groups(cfg):
-    from .config import sharding_plan
-
-    return sharding_plan(cfg)
 
 
 def measure(label: str, overrides: list[str], root: Path, timeout: float) -> dict:
@@ -112,7 +106,7 @@ def measure(label: str, overrides: list[str], root: Path, timeout: float) -> dic
     caps = stage_capacities(cfg, spans, summary["history"])
     slowest = min(caps.values()) if caps else float("nan")
     return {"label": label, "steps_per_s": thr, "capacity": caps, "efficiency": thr / slowest,
-            "cpu_s": cpu, "run": str(run), "warning": cpu_warning(cfg, __import__("rlvla3.config", fromlist=["derive"]).derive(cfg))}
+            "cpu_s": cpu, "run": str(run), "warning": cpu_warning(cfg, derive(cfg))}
 
 
 def report(results: list[dict]) -> str:

@@ -9,7 +9,7 @@ Every sample carries the policy version that produced it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
@@ -115,7 +115,6 @@ class Codec:
     """
 
     fields: tuple[tuple[str, tuple[int, ...], str], ...]
-    _sizes: dict = field(default_factory=dict, compare=False, repr=False)
 
     def layout(self, n: int) -> list[tuple[str, tuple[int, ...], np.dtype, int, int]]:
         out, off = [], HEADER * 8

@@ -12,8 +12,6 @@ Success = env._check_success() after each step; reward 1 on success, which ends 
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from .base import Obs, child_env_vars
