@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import socket
 import time
 import zlib
@@ -315,8 +316,8 @@ class Trainer:
 
     def _account(self, plan: Plan, total: torch.Tensor) -> None:
         per_epoch = self.cfg.algo.rollout_batch // self.cfg.algo.global_batch
-        first_epoch = (self.step_in_version - 1) // per_epoch == 0 if self.leader else None
-        if self.leader and first_epoch:
+        # Only the leader plans (and so counts steps); rows count as consumed in epoch 0.
+        if self.leader and (self.step_in_version - 1) // per_epoch == 0:
             for s in plan.slices:
                 self.ledger.advance(s.name, s.stop)
             self.rows_trained += sum(s.stop - s.start for s in plan.slices)
@@ -340,7 +341,7 @@ class Trainer:
                 self.checkpoint()
             if not self.cfg.runtime.keep_shards:
                 for m in arrived:
-                    shutil_rmtree(self.shards_dir / m.name)
+                    shutil.rmtree(self.shards_dir / m.name, ignore_errors=True)
             if self.version >= self.cfg.algo.max_versions:
                 self._begin_stop("max_versions reached")
 
@@ -465,9 +466,3 @@ class Trainer:
                    "wall_s": time.time() - self.t0, "bad_shards": sorted(self.bad), "history": self.history,
                    "param_checksum": float(flat_params(self.policy).astype(np.float64).sum())}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-
-
-def shutil_rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

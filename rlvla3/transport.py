@@ -89,8 +89,7 @@ class Transport:
 
     # ------------------------------------------------------------ bulk buffers
     def isend_buf(self, dest: int, tag: int, buf):
-        req = self.comm.Isend(buf, dest=dest, tag=int(tag))
-        return req
+        return self.comm.Isend(buf, dest=dest, tag=int(tag))
 
     def irecv_buf(self, source: int, tag: int, buf):
         return self.comm.Irecv(buf, source=source, tag=int(tag))
