@@ -57,7 +57,7 @@ class EnvConfig:
     """Seconds a child env process may take to start or reset before it is killed and restarted."""
     in_process: bool = False
     """Run envs inside the Simulator rank instead of one spawned child per env (toy/emulated)."""
-    grid: int = 5
+    grid: int = 4
     """toy: grid side in cells."""
     distractors: int = 1
     """toy: targets of other colours besides the named one (0 makes language unnecessary)."""
@@ -119,6 +119,9 @@ class AlgoConfig:
     """Value loss coefficient."""
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
+    norm_adv: bool = True
+    """Normalise advantages to zero mean, unit std over each optimizer step's global batch
+    (statistics all-reduced over Trainers, so data parallelism does not change them)."""
     max_grad_norm: float = 1.0
     """Gradient clipping (0 disables)."""
     segment_steps: int = 32

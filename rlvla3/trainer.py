@@ -241,6 +241,8 @@ class Trainer:
         self.opt.zero_grad(set_to_none=False)
         sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
         count = 0
+        if self.cfg.algo.norm_adv:
+            self._normalize_adv(batch)
         if batch is not None:
             count = batch["adv"].shape[0]
             for i in range(0, count, self.cfg.algo.micro_batch):
@@ -261,6 +263,27 @@ class Trainer:
         self.metrics.span("train", t0, time.time() - t0, rows=count, opt_step=self.opt_step, version=self.version)
         if plan.end_of_version:
             self._finish_version()
+
+    def _normalize_adv(self, batch: dict[str, torch.Tensor] | None) -> None:
+        """A <- (A - mean) / std over the whole global batch (PPO's usual normalisation; it keeps
+        the policy step size independent of the reward scale)."""
+        adv = batch["adv"].double() if batch is not None else torch.zeros(0, dtype=torch.float64)
+        n, s, ss = self._allreduce_stats(torch.stack([torch.tensor(float(adv.numel())), adv.sum(), (adv * adv).sum()]))
+        if n < 2:
+            return
+        mean = s / n
+        std = float(max(ss / n - mean * mean, 0.0)) ** 0.5
+        if batch is not None:
+            batch["adv"] = ((adv - mean) / (std + 1e-8)).float()
+
+    def _allreduce_stats(self, stats: torch.Tensor) -> list[float]:
+        """Sum a few float64 statistics over Trainers (no gradients involved)."""
+        if self.n > 1:
+            import torch.distributed as dist
+
+            stats = stats.to(self.device)
+            dist.all_reduce(stats)
+        return stats.cpu().tolist()
 
     def _gather(self, mine: list[Slice]) -> dict[str, torch.Tensor] | None:
         parts = []

@@ -1,8 +1,10 @@
 """`toy`: reach the named coloured square on a small rendered grid.
 
 A target (and `env.distractors` targets of other colours) and the agent are placed at random on a grid of `env.grid`
-cells. The image is egocentric: a (2*grid - 1)-cell view centred on the agent (white), cells
-outside the grid grey, so the direction to a target is where it appears relative to the centre. The instruction names one target ("go to the red square").
+cells. The image is egocentric: a (2*grid - 1)-cell view centred on the agent (white) on black, so the
+direction to a target is where it appears relative to the centre. Cells outside the grid are
+left black on purpose: painting them made the picture change with the agent's position and
+slowed learning several-fold (the walls are in the proprio anyway). The instruction names one target ("go to the red square").
 Action: 2-D in [-1, 1], each coordinate moves the agent -1/0/+1 cell (dead zone |a| < 1/3).
 Reward 1 and success when the agent reaches the named target, plus a potential-based shaping
 term 0.1 * (distance before - distance after) (Ng et al. 1999: it leaves the optimal policy
@@ -57,11 +59,6 @@ class ToyEnv:
     def _obs(self) -> Obs:
         img = np.zeros((self.size, self.size, 3), np.uint8)
         off = self.g - 1 - self.agent  # world cell (r, c) appears at view cell (r, c) + off
-        for r in range(self.view):
-            for c in range(self.view):
-                wr, wc = r - off[0], c - off[1]
-                if not (0 <= wr < self.g and 0 <= wc < self.g):
-                    self._paint(img, r, c, (90, 90, 90))
         for name, (r, c) in self.targets.items():
             self._paint(img, r + off[0], c + off[1], COLORS[name])
         self._paint(img, self.g - 1, self.g - 1, (255, 255, 255))

@@ -29,6 +29,11 @@ class TinyVLA(Policy):
         self.patch_narrow = nn.Linear(p * p * 3, 8)
         self.global_embed = nn.Linear(n_patches * 8, d)
         self.word_embed = nn.Embedding(spec.vocab, d, padding_idx=0)
+        # FiLM (as in RT-1's image encoder): the instruction scales and shifts the narrow patch
+        # features, so "where is the named thing" becomes linearly readable by the global token.
+        self.film = nn.Linear(d, 2 * 8)
+        nn.init.zeros_(self.film.weight)
+        nn.init.zeros_(self.film.bias)
         self.word_pos = nn.Parameter(torch.randn(1, spec.instruction_len, d) * 0.5)
         self.proprio_embed = nn.Linear(spec.proprio_dim, d)
         self.queries = nn.Parameter(torch.randn(1, spec.action_dim + 1, d) * 0.5)
@@ -41,18 +46,21 @@ class TinyVLA(Policy):
         nn.init.normal_(self.action_head.weight, std=0.01)
         nn.init.zeros_(self.action_head.bias)
 
-    def _patches(self, images: torch.Tensor) -> torch.Tensor:
+    def _patches(self, images: torch.Tensor, words: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         n, cams, h, w, c = images.shape
         p = self.patch
         x = images.float().div(255.0).reshape(n, cams, h // p, p, w // p, p, c)
         x = x.permute(0, 1, 2, 4, 3, 5, 6).reshape(n, cams * (h // p) * (w // p), p * p * c)
-        glob = self.global_embed(torch.relu(self.patch_narrow(x)).flatten(1))[:, None]
+        lang = (words * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+        gamma, beta = self.film(lang)[:, None].chunk(2, -1)
+        glob = self.global_embed(torch.relu(self.patch_narrow(x) * (1 + gamma) + beta).flatten(1))[:, None]
         return torch.cat([self.patch_embed(x) + self.patch_pos, glob], 1)
 
     def logits_and_value(self, images, proprio, tokens):
         n = images.shape[0]
-        words = self.word_embed(tokens.long()) + self.word_pos
-        x = torch.cat([self._patches(images), words, self.proprio_embed(proprio.float())[:, None],
+        emb = self.word_embed(tokens.long())
+        words = emb + self.word_pos
+        x = torch.cat([self._patches(images, emb, (tokens > 1).float()), words, self.proprio_embed(proprio.float())[:, None],
                        self.queries.expand(n, -1, -1)], 1)
         pad = torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device)
         pad[:, -(tokens.shape[1] + 1 + self.queries.shape[1]):-(1 + self.queries.shape[1])] = tokens == 0
