@@ -101,6 +101,9 @@ class Trainer:
         self.device = pick_device(cfg.policy.device)
         self.policy = make_policy(cfg, spec(cfg)).to(self.device)
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
+        # A Trainer may own no rows of an optimizer step; it still all-reduces (zero) gradients.
+        for p in self.policy.parameters():
+            p.grad = torch.zeros_like(p)
         self.version = self.opt_step = self.rows_trained = 0
         self.ledger = shards.Ledger.empty()
         self.announced: dict[int, list[ShardReady]] = defaultdict(list)

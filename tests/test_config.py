@@ -11,7 +11,7 @@ from rlvla3.launch import CONF_DIR, compose
     ("algo.micro_batch=1000", "algo.micro_batch"),
     ("env.name=nope", "env.name"),
     ("mode.placement=sideways", "mode.placement"),
-    ("cluster.sim_ranks=9", "sharding.plan"),
+    ("cluster.sim_ranks=17", "sharding.plan"),
     ("generator.b_max=1", "sharding.plan"),
     ("policy.device=tpu", "policy.device"),
     ("mode.eta=-1", "mode.eta"),
@@ -39,7 +39,7 @@ def test_sharding_strategies_build_valid_uneven_plans():
     assert sharding_plan(cfg) == [[2, 2], [2, 1]]
     d = derive(cfg)
     assert [g.size for g in d.groups] == [2, 2, 2, 1] and d.world_size == 4
-    cfg = compose(["+experiment=toy", "sharding.plan=[[3,1,4]]"])
+    cfg = compose(["+experiment=toy", "env.num_envs=8", "sharding.plan=[[3,1,4]]"])
     assert [g.size for g in derive(cfg).groups] == [3, 1, 4]
 
 
