@@ -176,7 +176,7 @@ class ShardingConfig:
 @dataclass(frozen=True)
 class ClusterConfig:
     name: str = "local"
-    """local (mpiexec on this machine); Slurm clusters are other files in conf/cluster/."""
+    """local (mpiexec on this machine); any other name is a Slurm cluster (conf/cluster/slurm_*.yaml)."""
     sim_ranks: int = 1
     """Simulator ranks."""
     gen_ranks: int = 1
@@ -189,6 +189,42 @@ class ClusterConfig:
     """Extra launcher arguments (as root, --allow-run-as-root is added automatically)."""
     cores: int = 0
     """Cores available to the run (0 = this machine's count); used for oversubscription warnings."""
+    # ---- Slurm (any name but "local"): one heterogeneous job, component 0 = Simulators on CPU
+    # nodes, component 1 = Generators + Trainers on GPU nodes, one MPI world over both. Site
+    # settings (partitions, account, qos, mpi, setup) are meant to be set once, e.g. in a
+    # git-ignored conf/local/site.yaml (see slurm/README.md).
+    cpu_partition: str = ""
+    """Slurm partition of the Simulator component."""
+    gpu_partition: str = ""
+    """Slurm partition of the Generator/Trainer component."""
+    account: str = ""
+    """Slurm account (empty: the user's default)."""
+    qos: str = ""
+    """Slurm QOS (empty: the partition's default)."""
+    time: str = "01:00:00"
+    """Job time limit, Slurm format: MM, HH:MM:SS or D-HH[:MM[:SS]]."""
+    gpus_per_node: int = 8
+    """GPUs per GPU node; each Generator/Trainer rank gets one GPU."""
+    cores_per_cpu_node: int = 64
+    """Cores per CPU node."""
+    cores_per_gpu_node: int = 64
+    """Cores per GPU node."""
+    cpus_per_sim_rank: int = 8
+    """Cores per Simulator rank (its env child processes run on them)."""
+    cpus_per_gpu_rank: int = 4
+    """Cores per Generator/Trainer rank."""
+    mpi: str = "pmix"
+    """srun --mpi plugin (sites differ: pmix, pmi2, ...)."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run in the batch script before srun (module load ..., source venv/bin/activate)."""
+    signal_delay_s: int = 120
+    """Seconds before the time limit that Slurm sends USR2 (Trainer checkpoints, job requeues)."""
+    max_requeues: int = 3
+    """How many times a preempted or timed-out job is requeued."""
+    poll_s: float = 10.0
+    """Longest pause between sacct polls while waiting for a job (bounds failure detection)."""
+    dry_run: bool = False
+    """Print the sbatch text that would be submitted, and submit nothing."""
 
 
 @dataclass(frozen=True)
@@ -377,6 +413,8 @@ def validate(cfg: RunConfig) -> None:
                  f"colocated placement puts one Trainer on each Generator rank: set it to cluster.gen_ranks={c.gen_ranks}")
     _require(cfg.generator.b_max >= 1, "generator.b_max", cfg.generator.b_max, "must be >= 1")
     _require(cfg.generator.t_max_ms >= 0, "generator.t_max_ms", cfg.generator.t_max_ms, "must be >= 0")
+    if c.name != "local":
+        validate_slurm(cfg)
     plan = sharding_plan(cfg)
     _require(len(plan) == c.sim_ranks, "sharding.plan", s.plan, f"needs one list per Simulator rank (cluster.sim_ranks={c.sim_ranks})")
     _require(all(len(r) >= 1 and all(k >= 1 for k in r) for r in plan), "sharding.plan", plan,
@@ -390,6 +428,50 @@ def validate(cfg: RunConfig) -> None:
     _require(cfg.runtime.liveness_timeout > 2 * cfg.runtime.heartbeat_interval, "runtime.liveness_timeout",
              cfg.runtime.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")
     _require(sum(len(r) for r in plan) < 30000, "sharding.plan", "too many groups", "keep under 30000 groups (MPI tag range)")
+
+
+SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # what may reach an #SBATCH line unquoted
+SLURM_TIME = re.compile(r"\d+|\d+:\d{2}(:\d{2})?|\d+-\d+(:\d{2}(:\d{2})?)?")
+
+
+def gpu_ranks(cfg: RunConfig) -> int:
+    """Ranks of the GPU component: one GPU each (colocated: Generator and Trainer share it)."""
+    c = cfg.cluster
+    return c.gen_ranks + (0 if cfg.mode.placement == "colocated" else c.train_ranks)
+
+
+def validate_slurm(cfg: RunConfig) -> None:
+    """Site settings of a Slurm cluster, checked before anything is submitted."""
+    c = cfg.cluster
+    _require(SLURM_NAME.fullmatch(c.name) is not None, "cluster.name", c.name, "use letters, digits, _ . + -")
+    for name in ("cpu_partition", "gpu_partition"):
+        v = getattr(c, name)
+        _require(SLURM_NAME.fullmatch(v) is not None, f"cluster.{name}", v,
+                 "set the Slurm partition name (letters, digits, _ . + -), e.g. in conf/local/site.yaml")
+    for name in ("account", "qos"):
+        v = getattr(c, name)
+        _require(v == "" or SLURM_NAME.fullmatch(v) is not None, f"cluster.{name}", v,
+                 "use letters, digits, _ . + - (or empty for the default)")
+    _require(SLURM_TIME.fullmatch(c.time) is not None, "cluster.time", c.time,
+             "use Slurm's format: MM, HH:MM:SS or D-HH:MM:SS")
+    _require(SLURM_NAME.fullmatch(c.mpi) is not None, "cluster.mpi", c.mpi, "name an srun --mpi plugin, e.g. pmix")
+    _require(c.gpus_per_node >= 1, "cluster.gpus_per_node", c.gpus_per_node, "must be >= 1")
+    g = gpu_ranks(cfg)
+    _require(g <= c.gpus_per_node or g % c.gpus_per_node == 0, "cluster.gen_ranks", c.gen_ranks,
+             f"Generator + Trainer GPUs ({g}) must fill whole nodes of cluster.gpus_per_node={c.gpus_per_node} "
+             "(or fit in one)")
+    per_node = min(g, c.gpus_per_node)
+    _require(1 <= c.cpus_per_gpu_rank and per_node * c.cpus_per_gpu_rank <= c.cores_per_gpu_node,
+             "cluster.cpus_per_gpu_rank", c.cpus_per_gpu_rank,
+             f"{per_node} GPU ranks per node x this must fit cluster.cores_per_gpu_node={c.cores_per_gpu_node}")
+    _require(1 <= c.cpus_per_sim_rank <= c.cores_per_cpu_node, "cluster.cpus_per_sim_rank", c.cpus_per_sim_rank,
+             f"must be in 1..cluster.cores_per_cpu_node={c.cores_per_cpu_node}")
+    _require(c.signal_delay_s >= 10, "cluster.signal_delay_s", c.signal_delay_s,
+             "leave the Trainer >= 10 s to checkpoint before the time limit")
+    _require(c.max_requeues >= 0, "cluster.max_requeues", c.max_requeues, "must be >= 0")
+    _require(c.poll_s > 0, "cluster.poll_s", c.poll_s, "must be > 0")
+    for line in c.setup:
+        _require("\n" not in line, "cluster.setup", line, "one shell line per list entry")
 
 
 # ---------------------------------------------------------------- loading

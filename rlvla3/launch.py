@@ -2,8 +2,11 @@
 folder, and start every rank of the run.
 
 Config groups: env, policy, algo, mode, cluster (see conf/). `cluster=local` (the default) runs
-all ranks on this machine through mpiexec. A bad config fails here, before any rank starts,
-with a message naming the field.
+all ranks on this machine through mpiexec. Any other cluster submits one Slurm heterogeneous job
+(rlvla3/slurm.py) and waits for it; `-m` sweeps go through the project's Hydra launcher plugin
+(hydra_plugins/rlvla3_launcher), one het job per sweep point. `cluster.dry_run=true` prints the
+batch file instead of submitting. A bad config fails here, before any rank starts or any job is
+submitted, with a message naming the field.
 """
 from __future__ import annotations
 
@@ -90,6 +93,24 @@ def run_local(cfg, run_dir: Path, timeout: float | None = None, capture: bool = 
     return subprocess.run(cmd, env=mpi_env(), timeout=timeout, **kw)
 
 
+def run_slurm(cfg, run_dir: Path, job_name: str = "rlvla3") -> int:
+    """Submit the run as one het job and wait for it; 0 on success. Logs are in run_dir/slurm/."""
+    from . import config, slurm
+
+    cfg, d = prepare_run_dir(cfg, run_dir)
+    job = slurm.submit(cfg, run_dir, job_name)
+    print(f"submitted Slurm het job {job.job_id}: {cfg.cluster.sim_ranks} Simulator + "
+          f"{config.gpu_ranks(cfg)} GPU ranks; logs in {run_dir / 'slurm'}", flush=True)
+    t0 = time.time()
+    try:
+        slurm.wait(job, cfg.cluster.poll_s)
+    except Exception as e:  # submitit's UncompletedJobError / FailedJobError, with the rank's traceback
+        print(f"Slurm job {job.job_id} FAILED after {time.time() - t0:.0f}s: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"Slurm job {job.job_id} finished in {time.time() - t0:.1f}s; run folder: {run_dir}", flush=True)
+    return 0
+
+
 def _main(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -98,13 +119,19 @@ def _main(dcfg) -> None:
     try:
         cfg = config.to_config(dcfg)
         run_dir = Path(cfg.run_dir or HydraConfig.get().runtime.output_dir)
-        if cfg.cluster.name != "local":
-            raise config.ConfigError(f"cluster.name={cfg.cluster.name!r}: only cluster=local can run yet "
-                                     "(Slurm heterogeneous jobs are tracked as a separate issue)")
-        cfg, d = prepare_run_dir(cfg, run_dir)
+        d = config.derive(cfg)
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
+    if cfg.cluster.name != "local":
+        from . import slurm
+        print(config.plan_table(cfg, d))
+        if cfg.cluster.dry_run:
+            print(f"# dry run (cluster.dry_run=true): the batch file for {run_dir}\n")
+            print(slurm.dry_run_text(cfg, run_dir))
+            sys.exit(0)
+        sys.exit(run_slurm(cfg, run_dir))
+    cfg, d = prepare_run_dir(cfg, run_dir)
     print(f"run folder: {run_dir}")
     print(config.plan_table(cfg, d))
     warn = cpu_warning(cfg, d)

@@ -24,6 +24,7 @@ class Tag(IntEnum):
     DONE = 6             # simulator -> generator, trainer0; generator -> trainer0   Done
     PLAN = 7             # trainer0 -> other trainers   Plan
     CLOCK = 8            # rank0 <-> any          float timestamps (clock offsets)
+    CKPT_ACK = 9         # trainer0 -> rank0      str: checkpoint written after a preemption signal
     OBS = 1000           # simulator -> generator: OBS + gid, packed ObsRequest buffer
     ACTION = 40000       # generator -> simulator: ACTION + gid, packed ActionReply buffer
 

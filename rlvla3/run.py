@@ -27,6 +27,7 @@ EDGES = (
     ("trainer0", "generator", "STOP"),
     ("trainer0", "trainer", "PLAN"),            # what each optimizer step trains
     ("generator", "trainer0", "DONE"),
+    ("trainer0", "rank0", "CKPT_ACK"),          # preemption: checkpoint written, rank 0 may requeue
 )
 
 
@@ -34,6 +35,8 @@ def ranks_of(d, role: str, rank: int) -> set[int]:
     """Concrete ranks playing `role` that talk with `rank` (groups pin sims to generators)."""
     if role == "trainer0":
         return {d.train_ranks[0]}
+    if role == "rank0":
+        return {0}
     if role == "trainer":
         return set(d.train_ranks)
     mine = set(d.role_of(rank))
@@ -46,7 +49,7 @@ def ranks_of(d, role: str, rank: int) -> set[int]:
 
 def peers(d, rank: int) -> tuple[int, ...]:
     """Ranks this rank exchanges heartbeats with: both ends of every edge it is on."""
-    mine = set(d.role_of(rank)) | ({"trainer0"} if rank == d.train_ranks[0] else set())
+    mine = set(d.role_of(rank)) | ({"trainer0"} if rank == d.train_ranks[0] else set()) | ({"rank0"} if rank == 0 else set())
     out: set[int] = set()
     for src, dst, _ in EDGES:
         if src in mine:
@@ -57,7 +60,46 @@ def peers(d, rank: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def main(run_dir: str) -> int:
+class Preemption:
+    """Slurm's warning before a time limit or preemption (USR2, see slurm.py).
+
+    The signal handler only sets `requested`; the roles act on it from their loops: the leading
+    Trainer checkpoints after its current optimizer step and sends CKPT_ACK to rank 0, and rank 0
+    then calls `requeue` (submitit's checkpoint-and-requeue, which exits). If the acknowledgement
+    does not come within `timeout` seconds, rank 0 requeues anyway and says so: the job resumes
+    from the last version checkpoint, which loses time but no committed data.
+    """
+
+    def __init__(self, requeue=None, timeout: float = 60.0):
+        self.requeue, self.timeout = requeue, timeout
+        self.requested = False
+        self.since = 0.0
+
+    def handler(self, signum, frame) -> None:
+        import time
+
+        if not self.requested:
+            self.requested, self.since = True, time.monotonic()
+
+    def step(self, tr) -> None:
+        """Rank 0, each loop: requeue once the Trainer acknowledged its checkpoint (or timed out)."""
+        import time
+
+        if not self.requested or self.requeue is None:
+            return
+        from .protocol import Tag
+
+        got = tr.poll(Tag.CKPT_ACK)
+        late = time.monotonic() - self.since > self.timeout
+        if got is None and not late:
+            return
+        print(f"[rank 0] preempted: {'Trainer checkpoint ' + got[1] if got else 'no Trainer checkpoint acknowledgement within %.0fs' % self.timeout}; requeueing",
+              file=sys.stderr, flush=True)
+        requeue, self.requeue = self.requeue, None
+        requeue()
+
+
+def main(run_dir: str, resume: bool = False, preemption: Preemption | None = None) -> int:
     import faulthandler
     import signal
 
@@ -70,9 +112,16 @@ def main(run_dir: str) -> int:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     run = Path(run_dir)
     cfg = config.load(run)
+    if resume:
+        cfg = config.replace(cfg, resume=True)
     d = config.derive(cfg)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    if resume and rank == 0:
+        from . import shards
+        shards.clean_partial(run / "shards")  # temporaries of writers that died (before any rank writes)
+    preemption = preemption or Preemption()
+    preemption.timeout = cfg.runtime.shutdown_timeout
     if comm.Get_size() != d.world_size:
         raise config.ConfigError(
             f"MPI world has {comm.Get_size()} ranks but the config needs {d.world_size} "
@@ -86,18 +135,18 @@ def main(run_dir: str) -> int:
                    cfg.runtime.idle_sleep, cfg.runtime.max_idle_sleep)
     if rank == 0:
         print(config.plan_table(cfg, d), flush=True)
-    actors = build_roles(cfg, d, tr, metrics, run, roles, rank)
+    actors = build_roles(cfg, d, tr, metrics, run, roles, rank, preemption)
     # Start-up (env processes, model init) may be slow; from here on peers must stay live.
     tr.liveness_timeout = cfg.runtime.liveness_timeout
     for p in tr.last_seen:
         tr.seen(p)
-    drive(actors, tr)
+    drive(actors, tr, preemption if rank == 0 else None)
     tr.flush(cfg.runtime.shutdown_timeout)
-    summary = metrics.close()
+    metrics.close()
     return 0
 
 
-def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int) -> list:
+def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int, preemption=None) -> list:
     if "simulator" in roles:
         from .simulator import Simulator
         return [Simulator(cfg, d, tr, metrics, run)]
@@ -112,11 +161,11 @@ def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int) -> 
         actors.append(gen)
     if "trainer" in roles:
         from .trainer import Trainer
-        actors.append(Trainer(cfg, d, tr, metrics, run, d.train_ranks.index(rank), local_gen=gen))
+        actors.append(Trainer(cfg, d, tr, metrics, run, d.train_ranks.index(rank), local_gen=gen, preemption=preemption))
     return actors
 
 
-def drive(actors: list, tr, stall_report: float = 10.0) -> None:
+def drive(actors: list, tr, preemption: Preemption | None = None, stall_report: float = 10.0) -> None:
     """Step every role hosted by this rank until all are done; back off when idle. A rank that
     has made no progress for `stall_report` seconds prints what it is waiting for (once)."""
     import time
@@ -127,6 +176,8 @@ def drive(actors: list, tr, stall_report: float = 10.0) -> None:
         for a in actors:
             work |= a.step()
         tr.tick()
+        if preemption is not None:
+            preemption.step(tr)
         if work:
             tr.backoff.busy()
             last_work, reported = time.monotonic(), True  # silent until the first progress (env start-up is slow)

@@ -14,11 +14,18 @@ Per version k (= rollout step k):
     version < k) get their proximal log-prob from it (decoupled PPO);
   - after `update_epochs * rollout_batch / global_batch` optimizer steps: publish version k+1
     with credits up to step k+1+eta, checkpoint (model, optimizer, counters, ledger), log.
+
+Checkpoints are written at version ends (`v000012.pt`: 12 versions trained) and, on a
+preemption signal, after the current optimizer step (`v000012-s0005.pt`: 5 optimizer steps of
+version 12 done). A mid-version checkpoint also holds the step's row order, cursor and π_prox,
+so a resumed Trainer continues with exactly the rows that follow; a partial accumulation is
+never saved, its rows are simply planned again.
 """
 from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import socket
 import time
@@ -71,6 +78,12 @@ def load_rows(path: Path, gamma: float, lam: float) -> Rows:
                 torch.full_like(lb, float("nan")), flat(adv), flat(ret), flat(a["versions"]))
 
 
+def ckpt_order(path: Path) -> tuple[int, int]:
+    """v000012.pt -> (12, 0); v000012-s0005.pt -> (12, 5): later checkpoints sort last."""
+    m = re.fullmatch(r"v(\d+)(?:-s(\d+))?\.pt", path.name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else (-1, -1)
+
+
 def owner_of(name: str, n_trainers: int) -> int:
     return zlib.crc32(name.encode()) % n_trainers
 
@@ -91,8 +104,10 @@ def take_rows(order: list[tuple[str, int]], cursor: tuple[int, int], n: int, n_t
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, run_dir: Path, index: int, local_gen=None):
+    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, run_dir: Path, index: int, local_gen=None,
+                 preemption=None):
         self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
+        self.preemption, self.preempted = preemption, False
         self.run_dir, self.index, self.local_gen = run_dir, index, local_gen
         self.n = len(d.train_ranks)
         self.leader = index == 0
@@ -121,9 +136,9 @@ class Trainer:
         self.tb = None
         if self.n > 1:
             self._init_process_group()
+        self.prox = self._snapshot()
         if cfg.resume:
             self._resume()
-        self.prox = self._snapshot()
         if self.leader:
             self.ckpt_dir.mkdir(exist_ok=True)
             if cfg.runtime.tensorboard:
@@ -156,7 +171,7 @@ class Trainer:
         return copy.deepcopy(self.policy).eval() if self.cfg.mode.eta > 0 else None
 
     def _resume(self) -> None:
-        ckpts = sorted(self.ckpt_dir.glob("v*.pt"))
+        ckpts = sorted(self.ckpt_dir.glob("v*.pt"), key=ckpt_order)
         if not ckpts:
             return
         state = torch.load(ckpts[-1], map_location=self.device, weights_only=True)
@@ -165,15 +180,25 @@ class Trainer:
         self.version, self.opt_step, self.rows_trained = (int(state[k]) for k in ("version", "opt_step", "rows_trained"))
         self.ledger = shards.Ledger.from_state(state["ledger"])
         self.history = json.loads(state["history"])
-        # Published shards the checkpoint has not trained are announced again, in name order.
-        for name in shards.scan(self.shards_dir):
+        mid = state.get("step_in_version", 0)
+        if mid:
+            self.step_in_version = int(mid)
+            self.order = [(n, int(r)) for n, r in json.loads(state["order"])]
+            self.cursor = tuple(int(x) for x in state["cursor"])
+            if self.prox is not None:
+                self.prox.load_state_dict(state["prox"])
+        elif self.prox is not None:
+            self.prox.load_state_dict(state["model"])
+        # Published shards of untrained steps are announced again: the current step's in its
+        # saved row order (the cursor points into it), then the rest in name order.
+        first = {n: i for i, (n, _) in enumerate(self.order)}
+        names = [n for n in shards.scan(self.shards_dir) if shards.parse_name(n)[0] >= self.version]
+        for name in sorted(names, key=lambda n: (first.get(n, len(first)), n)):
             step, gid, seq = shards.parse_name(name)
-            if step >= self.version and self.ledger.consumed(name) == 0:
-                attrs = json.loads((self.shards_dir / name / "zarr.json").read_text())["attributes"]
-                self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"],
-                                          attrs["max_version"]))
-        print(f"[trainer {self.index}] resumed from {ckpts[-1].name}: version {self.version}, "
-              f"{self.rows_trained} rows trained", flush=True)
+            attrs = json.loads((self.shards_dir / name / "zarr.json").read_text())["attributes"]
+            self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"]))
+        print(f"[trainer {self.index}] resumed from {ckpts[-1].name}: version {self.version}, step "
+              f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)
 
     # ------------------------------------------------------------ intake
     def _announce(self, msg: ShardReady) -> None:
@@ -389,11 +414,19 @@ class Trainer:
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version)
 
     def checkpoint(self) -> Path:
-        """model + optimizer + counters + ledger in one file, published by atomic rename."""
+        """model + optimizer + counters + ledger in one file, published by atomic rename. Between
+        optimizer steps of a version it also holds the step's plan state and π_prox."""
         state = {"model": self.policy.state_dict(), "optimizer": self.opt.state_dict(),
                  "version": self.version, "opt_step": self.opt_step, "rows_trained": self.rows_trained,
                  "ledger": self.ledger.to_state(), "history": json.dumps(self.history)}
-        path = self.ckpt_dir / f"v{self.version:06d}.pt"
+        name = f"v{self.version:06d}"
+        if self.step_in_version:
+            state.update(step_in_version=self.step_in_version, order=json.dumps(self.order),
+                         cursor=list(self.cursor))
+            if self.prox is not None:
+                state["prox"] = self.prox.state_dict()
+            name += f"-s{self.step_in_version:04d}"
+        path = self.ckpt_dir / f"{name}.pt"
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
         tmp.rename(path)
@@ -435,6 +468,8 @@ class Trainer:
         if self.stopping:
             self.transport.poll_done()
             return work | self._maybe_done()
+        if self.leader and self.preemption is not None and self.preemption.requested:
+            return work | self._preempt()
         if self.leader:
             plan = self._next_plan()
             if plan is not None:
@@ -455,6 +490,18 @@ class Trainer:
                 else:
                     self._execute(got[1])
         return work
+
+    def _preempt(self) -> bool:
+        """Slurm is about to end the job: checkpoint between optimizer steps (this is one, as
+        `step` executes whole plans), tell rank 0, and plan nothing more."""
+        if self.preempted:
+            return False
+        self.preempted = True
+        path = self.checkpoint()
+        print(f"[trainer 0] preemption signal: checkpoint {path.name} (version {self.version}, "
+              f"step {self.step_in_version}, {self.rows_trained} rows trained)", flush=True)
+        self.transport.send(0, Tag.CKPT_ACK, path.name)
+        return True
 
     def _begin_stop(self, reason: str) -> None:
         self.stopping = True

@@ -48,7 +48,7 @@ trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
 wait_for() {
   local end=$(($(date +%s) + $1)); shift
   until "$@" >/dev/null 2>&1; do
-    if [ -n "${WATCH:-}" ] && ! kill -0 "$WATCH" 2>/dev/null; then return 1; fi
+    if [ -n "${WATCH:-}" ] && ! alive "$WATCH"; then return 1; fi
     [ "$(date +%s)" -lt "$end" ] || return 1
     sleep 0.2
   done
@@ -84,7 +84,7 @@ fi
 if [ -f "$SLURM_ETC/slurm.conf" ] && head -n1 "$SLURM_ETC/slurm.conf" | grep -qF "$MARKER"; then
   other=$(head -n1 "$SLURM_ETC/slurm.conf" | sed -n 's/.*(state: \(.*\))$/\1/p')
   if [ -n "$other" ] && [ "$other" != "$STATE" ] && [ -s "$other/run/slurmctld.pid" ] &&
-     kill -0 "$(cat "$other/run/slurmctld.pid")" 2>/dev/null; then
+     alive "$(tr -dc 0-9 <"$other/run/slurmctld.pid")"; then
     die "a local cluster with state $other is running; stop it first: RLVLA3_SLURM_STATE=$other $HERE/stop.sh" /dev/null
   fi
 fi
@@ -148,12 +148,11 @@ for f in "${CHANGED[@]}"; do
 done
 if [ $restart_slurm = 1 ] && pid_of slurmctld >/dev/null; then
   log "config changed: restarting slurmctld and slurmd"
-  for n in "${NODES[@]}"; do stop_pid "slurmd-$n" slurmd; done
-  stop_pid slurmctld
+  stop_pids 30 "${SLURMDS[@]}" slurmctld
 fi
 if [ $restart_dbd = 1 ] && pid_of slurmdbd >/dev/null; then
   log "config changed: restarting slurmdbd"
-  stop_pid slurmdbd
+  stop_pids 30 slurmdbd
 fi
 
 # --- 3. munge: Slurm's authentication ----------------------------------------------------
@@ -179,9 +178,7 @@ db_ok() { mariadb-admin --no-defaults --socket="$DB_SOCKET" ping; }
 if ! pid_of mysqld/mariadbd mariadbd >/dev/null; then
   t=$(now)
   install -d -o mysql -g mysql -m 0755 "$STATE/run/mysqld"
-  install -o mysql -g mysql -m 0640 /dev/null "$DB_LOG.new"
-  [ -e "$DB_LOG" ] || mv "$DB_LOG.new" "$DB_LOG"
-  rm -f "$DB_LOG.new"
+  touch "$DB_LOG" && chown mysql:mysql "$DB_LOG"   # mariadbd runs as mysql and appends here
   if [ ! -d "$STATE/mysql/mysql" ]; then
     install -d -o mysql -g mysql -m 0750 "$STATE/mysql"
     mariadb-install-db --no-defaults --user=mysql --datadir="$STATE/mysql" \
@@ -259,13 +256,13 @@ smoke_fail() { die "smoke check failed: $1" "$STATE/log/slurmctld.log" "$STATE"/
 J=$((TIMEOUT + 30))
 
 t=$(now)
-out=$(timeout "$J" srun -p cpu -N1 -n1 hostname 2>&1) || smoke_fail "srun hostname: $out"
+out=$(timeout "$J" srun -Q -p cpu -N1 -n1 hostname 2>&1) || smoke_fail "srun hostname: $out"
 log "srun -p cpu hostname -> $out ($(since "$t"))"
 
 t=$(now)
 code='from mpi4py import MPI; import os; c = MPI.COMM_WORLD
 print(c.Get_rank(), c.Get_size(), os.environ.get("CUDA_VISIBLE_DEVICES"), MPI.Get_processor_name(), flush=True)'
-out=$(timeout "$J" srun --mpi=pmix -p cpu -n2 : -p gpu -n2 --gpus-per-task=1 "$PYTHON" -c "$code" 2>&1) ||
+out=$(timeout "$J" srun -Q --mpi=pmix -p cpu -n2 : -p gpu -n2 --gpus-per-task=1 "$PYTHON" -c "$code" 2>&1) ||
   smoke_fail "MPI het job: $out"
 echo "$out" | sed 's/^/    /'
 [ "$(awk '$2 == 4' <<<"$out" | wc -l)" = 4 ] || smoke_fail "MPI het job did not print a world of size 4"

@@ -33,16 +33,16 @@ if [ -d "$STATE/run" ]; then
     fi
   fi
   # Reverse start order: compute nodes, controller, accounting, database, munge.
-  for n in "${NODES[@]}"; do stop_pid "slurmd-$n" slurmd; done
-  stop_pid slurmctld
-  stop_pid slurmdbd
+  stop_pids 30 "${SLURMDS[@]}"
+  stop_pids 30 slurmctld
+  stop_pids 30 slurmdbd
   if [ $PURGE = 1 ] && pid_of mysqld/mariadbd mariadbd >/dev/null; then
     # Drop the database through the server, never by deleting its files under a live server.
     mariadb --no-defaults --socket="$DB_SOCKET" -e "DROP DATABASE IF EXISTS $DB_NAME" &&
       log "dropped database $DB_NAME"
   fi
-  stop_pid mysqld/mariadbd mariadbd 60   # InnoDB may need a while to flush
-  stop_pid munged                        # only if we started it (a pre-existing munged stays)
+  stop_pids 60 mysqld/mariadbd:mariadbd   # InnoDB may need a while to flush
+  stop_pids 30 munged              # only if we started it (a pre-existing munged stays)
 else
   log "no state in $STATE: nothing to stop"
 fi

@@ -1,0 +1,1 @@
+"""Hydra launcher plugin of rlvla3: `-m` sweeps as one Slurm heterogeneous job per point."""

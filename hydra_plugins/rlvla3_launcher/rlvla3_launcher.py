@@ -1,0 +1,68 @@
+"""`hydra/launcher=rlvla3_slurm` (selected by conf/cluster/slurm_*.yaml).
+
+hydra-submitit-launcher submits a sweep as one job array whose elements run the task function
+on every task. Neither fits an MPI het job: Slurm het jobs cannot be arrays, and each rank must
+run its role, not Hydra's task function. This launcher keeps hydra-submitit-launcher's plumbing
+(sweep configs, folders) and replaces its `launch`: every sweep point is validated first (one bad
+point submits nothing), then submitted as its own het job through rlvla3.slurm, then all are
+awaited. The run folder of point i is `<sweep dir>/<hydra.sweep.subdir>` as usual.
+"""
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+from omegaconf import OmegaConf, open_dict
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Rlvla3SlurmConf:
+    _target_: str = "hydra_plugins.rlvla3_launcher.rlvla3_launcher.HetSlurmLauncher"
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="rlvla3_slurm", node=Rlvla3SlurmConf, provider="rlvla3")
+
+
+class HetSlurmLauncher(BaseSubmititLauncher):
+    _EXECUTOR = "slurm"
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from rlvla3 import config, launch, slurm
+
+        points = []
+        for i, overrides in enumerate(job_overrides):
+            sweep_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(sweep_cfg.hydra.job):
+                sweep_cfg.hydra.job.num = initial_job_idx + i
+            run_dir = Path(str(sweep_cfg.hydra.sweep.dir)) / str(sweep_cfg.hydra.sweep.subdir)
+            body = OmegaConf.masked_copy(sweep_cfg, [k for k in sweep_cfg if k != "hydra"])
+            try:
+                cfg = config.to_config(body)
+                config.derive(cfg)
+            except config.ConfigError as e:
+                raise config.ConfigError(f"sweep point #{initial_job_idx + i} ({' '.join(overrides)}): {e}") from e
+            points.append((list(overrides), sweep_cfg, cfg, run_dir))
+
+        jobs = []
+        for overrides, sweep_cfg, cfg, run_dir in points:
+            cfg, _ = launch.prepare_run_dir(cfg, run_dir)
+            job = slurm.submit(cfg, run_dir, job_name=f"rlvla3-{run_dir.name}")
+            log.info(f"#{sweep_cfg.hydra.job.num} {' '.join(filter_overrides(overrides))}: het job {job.job_id} -> {run_dir}")
+            jobs.append(job)
+
+        returns = []
+        for (overrides, sweep_cfg, cfg, run_dir), job in zip(points, jobs):
+            ret = JobReturn(overrides=overrides, cfg=sweep_cfg, working_dir=str(run_dir), task_name="rlvla3")
+            try:
+                slurm.wait(job, cfg.cluster.poll_s)
+                ret.status, ret.return_value = JobStatus.COMPLETED, str(run_dir)
+            except Exception as e:  # the job's own error (rank traceback) becomes the point's failure
+                ret.status, ret.return_value = JobStatus.FAILED, e
+            returns.append(ret)
+        return returns

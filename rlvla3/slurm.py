@@ -1,0 +1,258 @@
+"""Slurm heterogeneous jobs through submitit: one job, one MPI world.
+
+Component 0 holds the Simulators (CPU nodes), component 1 the Generators and Trainers (one GPU
+per rank). A single `srun --het-group=0,1 --mpi=<plugin>` starts every rank, so MPI ranks follow
+SLURM_PROCID, component by component: Simulators first, exactly the order `config.derive` gives.
+
+submitit has no het-job support, so `HetSlurmExecutor` extends its SlurmExecutor:
+- the batch text has one `#SBATCH hetjob` block per component;
+- the srun line adds `--het-group`, `--kill-on-bad-exit=1` (one failing rank ends the world) and
+  log paths built from the leader's job id (srun's %j is each component's own id);
+- sacct reports a het job as rows `<id>+0`, `<id>+1`: `HetInfoWatcher` folds them into `<id>` so a
+  failed component fails the job instead of leaving its state unknown forever.
+
+Each rank runs `python -m rlvla3.slurm <folder>`: it makes every task report under the leader's
+job id, turns an uncaught exception into MPI_Abort, then hands over to submitit, which unpickles
+and calls `RankTask` (the engine) and pickles its result.
+
+Preemption: Slurm sends USR2 `cluster.signal_delay_s` before the time limit (or on
+`scancel --signal=USR2`). Every rank only sets a flag. The leading Trainer checkpoints after its
+current optimizer step and acknowledges to rank 0; rank 0 (a Simulator: submitit requeues from
+global rank 0) waits for that acknowledgement, bounded, then lets submitit requeue the job with
+`RankTask(resume=True)`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import submitit
+from submitit.slurm import slurm as _slurm
+
+from . import config
+
+SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=-]+")
+FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+@dataclass(frozen=True)
+class Component:
+    role: str          # what runs there, for the reader of the batch file
+    partition: str
+    nodes: int
+    ntasks: int
+    cpus_per_task: int
+    gpus_per_task: int
+
+
+def components(cfg: config.RunConfig) -> list[Component]:
+    """The two het-job components of a run (validated config)."""
+    c = cfg.cluster
+    sims, gpus = c.sim_ranks, config.gpu_ranks(cfg)
+    sims_per_node = c.cores_per_cpu_node // c.cpus_per_sim_rank
+    return [
+        Component("simulators", c.cpu_partition, math.ceil(sims / sims_per_node), sims, c.cpus_per_sim_rank, 0),
+        Component("generators+trainers", c.gpu_partition, math.ceil(gpus / c.gpus_per_node), gpus,
+                  c.cpus_per_gpu_rank, 1),
+    ]
+
+
+def sbatch_text(cfg: config.RunConfig, folder: Path, command: str, job_name: str) -> str:
+    """The whole batch file. Every value that reaches it is validated (config.validate_slurm,
+    SAFE_PATH here); `command` is built by the caller from shell-quoted parts."""
+    c = cfg.cluster
+    # #SBATCH lines are not parsed by a shell: a folder needing quotes is refused, not quoted.
+    if SAFE_PATH.fullmatch(str(folder)) is None:
+        raise config.ConfigError(f"run_dir={str(folder.parent)!r}: Slurm batch directives cannot carry this path "
+                                 "safely; use letters, digits and _ . / + - = only")
+    logs = str(folder) + "/"
+    common = [f"--time={c.time}"] + [f"--{k}={v}" for k, v in (("account", c.account), ("qos", c.qos)) if v]
+    lines = ["#!/bin/bash",
+             f"# rlvla3 heterogeneous job: {cfg.cluster.sim_ranks} Simulator ranks on CPU nodes, "
+             f"{config.gpu_ranks(cfg)} Generator/Trainer ranks on GPU nodes, one MPI world.",
+             f"#SBATCH --job-name={job_name}",
+             f"#SBATCH --output={logs}%j_batch.out",
+             f"#SBATCH --error={logs}%j_batch.err",
+             "#SBATCH --open-mode=append",
+             f"#SBATCH --signal=USR2@{c.signal_delay_s}",
+             "#SBATCH --requeue"]
+    for i, comp in enumerate(components(cfg)):
+        if i:
+            lines.append("#SBATCH hetjob")
+        lines.append(f"# component {i}: {comp.role}")
+        lines += [f"#SBATCH {o}" for o in common]
+        lines += [f"#SBATCH --partition={comp.partition}", f"#SBATCH --nodes={comp.nodes}",
+                  f"#SBATCH --ntasks={comp.ntasks}", f"#SBATCH --cpus-per-task={comp.cpus_per_task}"]
+        if comp.gpus_per_task:
+            lines.append(f"#SBATCH --gpus-per-task={comp.gpus_per_task}")
+    if c.setup:
+        lines += ["", "# site setup (cluster.setup)", *c.setup]
+    # srun's %j is each component's own id: logs use the leader's id (SLURM_JOB_ID here).
+    lines += ["", "export SUBMITIT_EXECUTOR=slurm",
+              'export RLVLA3_JOB_ID="${SLURM_JOB_ID}"',
+              "export OMPI_MCA_mpi_yield_when_idle=1",
+              f"srun --unbuffered --mpi={c.mpi} --kill-on-bad-exit=1 --het-group=0,1 "
+              f'--output {logs}"${{SLURM_JOB_ID}}"_%t_log.out --error {logs}"${{SLURM_JOB_ID}}"_%t_log.err '
+              f"{command}", ""]
+    return "\n".join(lines)
+
+
+def time_minutes(t: str) -> int:
+    """Slurm time string (validated) -> whole minutes."""
+    days, _, rest = t.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:
+        h, m, sec = (parts + [0, 0])[:3]
+    elif len(parts) == 1:
+        h, m, sec = 0, parts[0], 0
+    else:
+        h, m, sec = ([0] * (3 - len(parts)) + parts)
+    return int(days or 0) * 1440 + h * 60 + m + math.ceil(sec / 60)
+
+
+# ---------------------------------------------------------------- submitit extension
+
+
+class HetInfoWatcher(_slurm.SlurmInfoWatcher):
+    def read_info(self, string):
+        """sacct rows `<id>+k` (one per component) fold into `<id>`: failed if any component
+        failed, running while any runs, else the leader's state."""
+        info = super().read_info(string)
+        parts: dict[str, list[dict]] = {}
+        for jid, stats in info.items():
+            if "+" in jid:
+                parts.setdefault(jid.split("+")[0], []).append(stats)
+        for jid, rows in parts.items():
+            states = [r.get("State", "").split(" ")[0] for r in rows]
+            bad = [s for s in states if s in FAILED_STATES]
+            state = bad[0] if bad else ("RUNNING" if "RUNNING" in states else states[0])
+            info[jid] = {**rows[0], "JobID": jid, "State": state}
+        return info
+
+
+class HetSlurmJob(_slurm.SlurmJob):
+    watcher = HetInfoWatcher(delay_s=10)
+
+
+class HetSlurmExecutor(_slurm.SlurmExecutor):
+    """submitit's SlurmExecutor, submitting one heterogeneous job per call (never arrays)."""
+
+    job_class = HetSlurmJob
+
+    def __init__(self, folder, cfg: config.RunConfig, job_name: str):
+        super().__init__(folder, max_num_timeout=cfg.cluster.max_requeues)
+        self.cfg, self.job_name = cfg, job_name
+        # submitit tells "timed out" from "preempted" by this (the real limit is in the het blocks).
+        self.update_parameters(time=time_minutes(cfg.cluster.time))
+        HetSlurmJob.watcher._delay_s = cfg.cluster.poll_s
+
+    @property
+    def _submitit_command_str(self) -> str:
+        return " ".join([self.python, "-u -m rlvla3.slurm", shlex.quote(str(self.folder))])
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        return sbatch_text(self.cfg, Path(self.folder), command, self.job_name)
+
+    def _num_tasks(self) -> int:
+        return sum(c.ntasks for c in components(self.cfg))
+
+    def _internal_process_submissions(self, delayed_submissions):
+        if len(delayed_submissions) != 1:
+            raise ValueError("Slurm het jobs cannot be job arrays: submit one job per run")
+        return super()._internal_process_submissions(delayed_submissions)
+
+
+# ---------------------------------------------------------------- what runs on every rank
+
+
+class RankTask:
+    """The submitted callable: run this rank's roles of the run in `run_dir`."""
+
+    def __init__(self, run_dir: str, resume: bool = False):
+        self.run_dir, self.resume = run_dir, resume
+
+    def __call__(self):
+        import signal
+
+        from . import run
+
+        prev = signal.getsignal(signal.SIGUSR2)  # submitit's checkpoint-and-requeue handler
+        preempt = run.Preemption(requeue=lambda: prev(signal.SIGUSR2, None))
+        signal.signal(signal.SIGUSR2, preempt.handler)
+        check_rank_layout(config.load(self.run_dir))
+        return run.main(self.run_dir, resume=self.resume, preemption=preempt)
+
+    def checkpoint(self, *args, **kwargs):
+        """Called by submitit on rank 0 after the Trainer's checkpoint: resubmit as a resume."""
+        return submitit.helpers.DelayedSubmission(RankTask(self.run_dir, resume=True))
+
+
+def check_rank_layout(cfg: config.RunConfig) -> None:
+    """A rank's role comes from its global rank; check Slurm put it in the matching component."""
+    procid = int(os.environ["SLURM_PROCID"])
+    sizes = [int(os.environ.get(f"SLURM_NTASKS_HET_GROUP_{k}", 0)) for k in range(2)]
+    want = [c.ntasks for c in components(cfg)]
+    if sizes != want:
+        raise RuntimeError(f"het-job components have {sizes} tasks, the run config needs {want} "
+                           "(cluster.sim_ranks, and Generator+Trainer GPUs)")
+    component = 0 if procid < sizes[0] else 1
+    hetgroup = os.environ.get("SLURM_HET_JOB_ID") and os.environ.get("SLURM_HET_JOB_OFFSET")
+    if hetgroup is not None and int(hetgroup) != component:
+        raise RuntimeError(f"SLURM_PROCID={procid} runs in het component {hetgroup}, expected {component}")
+
+
+def install_abort_hook() -> None:
+    """An uncaught exception on any rank aborts the whole MPI world (what `python -m mpi4py`
+    does for the local launcher); srun --kill-on-bad-exit then ends the step."""
+    default = sys.excepthook
+
+    def hook(*exc):
+        default(*exc)
+        sys.stderr.flush()
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = hook
+
+
+def main() -> None:
+    # Every task reports (result pickles, requeue) under the leader's id, not its component's.
+    if os.environ.get("RLVLA3_JOB_ID"):
+        os.environ["SLURM_JOB_ID"] = os.environ["RLVLA3_JOB_ID"]
+    install_abort_hook()
+    from submitit.core.submission import process_job
+
+    process_job(sys.argv[1])
+
+
+# ---------------------------------------------------------------- submitting side
+
+
+def submit(cfg: config.RunConfig, run_dir: Path, job_name: str = "rlvla3"):
+    """Submit the run (whose folder `launch.prepare_run_dir` wrote) as one het job."""
+    ex = HetSlurmExecutor(run_dir / "slurm", cfg, job_name)
+    return ex.submit(RankTask(str(run_dir), resume=cfg.resume))
+
+
+def dry_run_text(cfg: config.RunConfig, run_dir: Path, job_name: str = "rlvla3") -> str:
+    folder = run_dir / "slurm"
+    cmd = " ".join([shlex.quote(sys.executable), "-u -m rlvla3.slurm", shlex.quote(str(folder))])
+    return sbatch_text(cfg, folder, cmd, job_name)
+
+
+def wait(job, poll_s: float) -> list:
+    """Block until the job ends (results of every rank), or raise submitit's error naming it."""
+    import time
+
+    while not job.done():
+        time.sleep(min(poll_s, 2.0))
+    return job.results()
+
+
+if __name__ == "__main__":
+    main()

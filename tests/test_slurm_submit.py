@@ -1,0 +1,100 @@
+"""The Slurm submission, checked without a cluster: batch text (golden file), validation before
+any sbatch, sacct het rows folded into one state, every cluster file composes to a dry run."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvla3 import config, slurm
+from rlvla3.launch import CONF_DIR, compose
+
+GOLDEN = Path(__file__).parent / "golden"
+CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("slurm_*.yaml"))
+SITE = ["cluster.account=rl-team", "cluster.qos=high", "cluster.mpi=pmix",
+        "cluster.setup=[module load openmpi/4.1,source /opt/venvs/rlvla3/bin/activate]"]
+
+
+def batch_text(overrides, run_dir="/shared/runs/sweep-1/0"):
+    cfg = compose(overrides)
+    config.derive(cfg)
+    folder = Path(run_dir) / "slurm"
+    return slurm.sbatch_text(cfg, folder, f"python -u -m rlvla3.slurm '{folder}'", "rlvla3-0")
+
+
+def test_het_job_batch_text_matches_golden_file():
+    text = batch_text(["cluster=slurm_16", *SITE])
+    golden = GOLDEN / "slurm_16.sbatch"
+    if os.environ.get("RLVLA3_UPDATE_GOLDEN") == "1":  # after an intended change: rewrite, review the diff
+        golden.write_text(text)
+    assert text == golden.read_text(), "batch text changed; if intended, rerun with RLVLA3_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("name", CLUSTERS)
+def test_every_cluster_file_gives_consistent_components(name):
+    cfg = compose([f"cluster={name}"])
+    d = config.derive(cfg)
+    text = batch_text([f"cluster={name}"])
+    blocks = text.split("#SBATCH hetjob")
+    assert len(blocks) == 2
+    tasks = [int(re.search(r"--ntasks=(\d+)", b).group(1)) for b in blocks]
+    nodes = [int(re.search(r"--nodes=(\d+)", b).group(1)) for b in blocks]
+    assert tasks == [cfg.cluster.sim_ranks, d.world_size - cfg.cluster.sim_ranks]
+    assert sum(tasks) == d.world_size
+    c = cfg.cluster
+    assert nodes[1] * c.gpus_per_node >= tasks[1] and (nodes[1] - 1) * c.gpus_per_node < tasks[1]
+    assert nodes[0] * (c.cores_per_cpu_node // c.cpus_per_sim_rank) >= tasks[0]
+    assert "--gpus-per-task=1" in blocks[1] and "gpus" not in blocks[0]
+    assert "--het-group=0,1" in text and f"--mpi={c.mpi}" in text and "--kill-on-bad-exit=1" in text
+
+
+def test_dry_run_of_slurm_256_from_the_command_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "cluster=slurm_256", "cluster.dry_run=true",
+                          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH hetjob" in out.stdout
+    assert "--ntasks=256" in out.stdout and "--nodes=32" in out.stdout
+    assert not (tmp_path / "slurm").exists()  # nothing prepared, nothing submitted
+
+
+@pytest.mark.parametrize("override, field", [
+    ("cluster.gpu_partition='gpu;reboot'", "cluster.gpu_partition"),
+    ("cluster.cpu_partition=", "cluster.cpu_partition"),
+    ("cluster.account='$(id)'", "cluster.account"),
+    ("cluster.time=2h", "cluster.time"),
+    ("cluster.gen_ranks=6", "cluster.gen_ranks"),           # 6 + 4 GPUs: neither fits one 8-GPU node nor fills nodes
+    ("cluster.cpus_per_sim_rank=200", "cluster.cpus_per_sim_rank"),
+    ("cluster.cpus_per_gpu_rank=20", "cluster.cpus_per_gpu_rank"),
+    ("cluster.mpi=pmix x", "cluster.mpi"),
+    ("env.num_envs=4", "sharding.plan"),                    # fewer envs than Simulator ranks
+])
+def test_bad_site_settings_fail_before_submission_naming_the_field(override, field):
+    with pytest.raises(config.ConfigError, match=re.escape(field)):
+        config.derive(compose(["cluster=slurm_8", override]))
+
+
+@pytest.mark.parametrize("bad", ["/shared/it's", "/shared/$(reboot)", "/shared/a b", "/shared/x\nsrun"])
+def test_run_folders_that_batch_directives_cannot_carry_are_refused(bad):
+    with pytest.raises(config.ConfigError, match="run_dir"):
+        batch_text(["cluster=slurm_8"], run_dir=bad)
+
+
+def test_sacct_het_rows_fold_into_the_job_state():
+    w = slurm.HetInfoWatcher()
+    head = "JobID|State|NodeList\n"
+    running = w.read_info(head + "41+0|RUNNING|cpu1\n41+1|RUNNING|gpu1\n41+0.0|RUNNING|cpu1\n")
+    assert running["41"]["State"] == "RUNNING"
+    failed = w.read_info(head + "41+0|COMPLETED|cpu1\n41+1|FAILED|gpu1\n")
+    assert failed["41"]["State"] == "FAILED"
+    done = w.read_info(head + "41+0|COMPLETED|cpu1\n41+1|COMPLETED|gpu1\n")
+    assert done["41"]["State"] == "COMPLETED"
+    cancelled = w.read_info(head + "41+0|CANCELLED by 0|cpu1\n41+1|RUNNING|gpu1\n")
+    assert cancelled["41"]["State"] == "CANCELLED"
+
+
+def test_time_limits_in_minutes():
+    assert [slurm.time_minutes(t) for t in ("30", "10:30", "01:00:00", "1-00:00", "2-1")] == [30, 11, 60, 1440, 2940]
