@@ -9,6 +9,7 @@ Loop (each pass does only what is ready; see `step`):
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -74,6 +75,10 @@ class DynamicBatcher:
 def pick_device(setting: str) -> torch.device:
     if setting == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"policy.device={setting} but this rank sees no CUDA device "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch {torch.__version__}); "
+                           "use policy.device=auto or cpu")
     return torch.device(setting)
 
 

@@ -1,0 +1,169 @@
+"""Real het jobs on the local Slurm cluster (bash slurm/local/start.sh): one MPI world over a CPU
+and a GPU component, Hydra sweeps, preemption + requeue + resume, and failures that surface."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvla3 import shards, slurm
+from rlvla3.launch import compose, prepare_run_dir, run_slurm
+from rlvla3.trainer import ckpt_order
+from tests.conftest import summary
+
+
+def cluster_state() -> str | None:
+    """None when the local cluster answers with both partitions, else why not."""
+    if shutil.which("sinfo") is None:
+        return "Slurm client not installed: run bash slurm/local/start.sh"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return "slurmctld does not answer: run bash slurm/local/start.sh"
+    parts = set(out.stdout.split())
+    return None if {"cpu", "gpu"} <= parts else f"no cpu/gpu partitions ({out.stderr.strip() or parts}): run bash slurm/local/start.sh"
+
+
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(cluster_state() is not None, reason=str(cluster_state()))]
+
+TOY_SLURM = ["cluster=slurm_local", "+experiment=toy", "runtime.tensorboard=false", "runtime.liveness_timeout=20"]
+
+
+def rank_hosts(run: Path) -> dict[int, tuple[str, str]]:
+    out = {}
+    for f in sorted((run / "metrics").glob("rank*.jsonl")):
+        meta = json.loads(f.open().readline())
+        out[meta["rank"]] = (meta["role"], meta["host"])
+    return out
+
+
+def test_hydra_sweep_runs_one_het_job_per_point(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", *TOY_SLURM, "algo.max_versions=3",
+                           "mode=sync,async", f"hydra.sweep.dir={sweep}"],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for point, mode in (("0", "sync"), ("1", "async")):
+        run = sweep / point
+        s = summary(run)
+        assert s["versions"] == 3 and s["rows_trained"] == 3 * 256
+        assert (run / "config.yaml").read_text().count(f"name: {mode}") == 1
+        hosts = rank_hosts(run)
+        assert len(hosts) == 6  # one MPI world: 2 Simulators + 2 Generators + 2 Trainers
+        # Simulators ran in the CPU component, Generators/Trainers in the GPU component.
+        assert all(h.startswith("cpu") for r, (role, h) in hosts.items() if role == "simulator"), hosts
+        assert all(h.startswith("gpu") for r, (role, h) in hosts.items() if role != "simulator"), hosts
+        assert len(list((run / "slurm").glob("*_result.pkl"))) == 6  # every rank's result collected
+    job_ids = {f.name.split("_")[0] for p in ("0", "1") for f in (sweep / p / "slurm").glob("*_submitted.pkl")}
+    assert len(job_ids) == 2 and all(j.isdigit() for j in job_ids)  # two plain jobs, not an array
+
+
+def wait_for(pred, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise TimeoutError(f"{what} not within {timeout:.0f}s")
+
+
+def squeue_state(job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=10)
+    return out.stdout.split()[0] if out.stdout.split() else ""
+
+
+def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
+    versions = 14
+    cfg = compose([*TOY_SLURM, f"algo.max_versions={versions}", "algo.micro_batch=16", "mode=async"])
+    run = tmp_path / "run"
+    cfg, _ = prepare_run_dir(cfg, run)
+    job = slurm.submit(cfg, run)
+    # Let it train a few versions, then send what Slurm sends before a time limit.
+    wait_for(lambda: len(list((run / "ckpt").glob("v*.pt"))) >= 3, 180, "version 3 checkpoint")
+    subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=10)
+    wait_for(lambda: squeue_state(job.job_id) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), 120, "requeue")
+    # A requeued job waits ~2 minutes before it may start again; release it now.
+    subprocess.run(["scontrol", "release", job.job_id], timeout=10)
+    subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], check=True, timeout=10)
+    slurm.wait(job, cfg.cluster.poll_s)
+
+    logs = "".join(p.read_text(errors="replace") for p in (run / "slurm").glob("*_log.*"))
+    assert "preemption signal: checkpoint" in logs and "preempted: Trainer checkpoint" in logs
+    assert "resumed from" in logs
+    s = summary(run)
+    assert s["versions"] == versions
+    assert [h["version"] for h in s["history"]] == list(range(1, versions + 1))  # counters continue
+    final = torch.load(sorted((run / "ckpt").glob("v*.pt"), key=ckpt_order)[-1], weights_only=True)
+    ledger = final["ledger"]["rows"]
+    rollout = cfg.algo.rollout_batch
+    assert final["rows_trained"] == versions * rollout == sum(ledger.values())  # trained = committed
+    trained = [n for n in shards.scan(run / "shards") if shards.parse_name(n)[0] < versions]
+    for n in trained:  # every committed row of every trained step exactly once: none lost, none twice
+        rows = json.loads((run / "shards" / n / "zarr.json").read_text())["attributes"]["rows"]
+        assert ledger.get(n) == rows, n
+    assert set(ledger) == set(trained)
+
+
+def test_a_rank_that_raises_fails_the_submission(tmp_path):
+    # policy.device=cuda on GPU ranks that see no CUDA: they raise at start-up.
+    cfg = compose([*TOY_SLURM, "algo.max_versions=3", "policy.device=cuda"])
+    t0 = time.monotonic()
+    rc = run_slurm(cfg, tmp_path / "run")
+    assert rc == 1 and time.monotonic() - t0 < 120
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run" / "slurm").glob("*_log.err"))
+    assert "policy.device=cuda but this rank sees no CUDA device" in logs
+
+
+def rank_pid(job_id: str, procid: int) -> int | None:
+    """PID of global rank `procid` of a job (every rank's environment carries the leader's id)."""
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            vars_ = dict(v.split("=", 1) for v in env.read_bytes().decode(errors="replace").split("\0") if "=" in v)
+            cmd = (env.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (vars_.get("RLVLA3_JOB_ID") == job_id and vars_.get("SLURM_PROCID") == str(procid)
+                and b"rlvla3.slurm" in cmd):
+            return int(env.parent.name)
+    return None
+
+
+def test_a_sigkilled_rank_fails_the_submission(tmp_path):
+    cfg = compose([*TOY_SLURM, "algo.max_versions=200"])
+    run = tmp_path / "run"
+    cfg, _ = prepare_run_dir(cfg, run)
+    job = slurm.submit(cfg, run)
+    wait_for(lambda: list((run / "ckpt").glob("v*.pt")), 180, "first checkpoint")
+    pid = wait_for(lambda: rank_pid(job.job_id, 1), 30, "PID of rank 1")
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as err:
+        slurm.wait(job, cfg.cluster.poll_s)
+    assert time.monotonic() - t0 < 90
+    assert job.job_id in str(err.value)
+
+
+def test_sbatch_scale_test_leaves_a_run_folder_per_point_and_a_plot(tmp_path):
+    repo = Path(__file__).resolve().parent.parent
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "RLVLA3_SCALE_DIV": "64", "RLVLA3_SWEEP": str(sweep), "RLVLA3_PYTHON": sys.executable}
+    proc = subprocess.run(["sbatch", "--wait", f"--output={tmp_path}/scale-%j.out", "slurm/scale_test.sh"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    log = "".join(p.read_text() for p in tmp_path.glob("scale-*.out"))
+    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    points = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert points == ["g002-async", "g002-sync", "g004-async", "g004-sync"], points
+    for p in points:
+        assert summary(sweep / p)["versions"] == 4
+    rows = (sweep / "scaling.csv").read_text().splitlines()
+    assert rows[0].startswith("gpus,mode,steps_per_s") and len(rows) == 5
+    assert (sweep / "scaling.png").stat().st_size > 10_000
