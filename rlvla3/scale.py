@@ -79,7 +79,43 @@ def run_point(cfg: config.RunConfig, run_dir: Path, timeout: float) -> int:
            sys.executable, "-m", "mpi4py", "-m", "rlvla3.run", str(run_dir)]
     print("$ " + " ".join(cmd), flush=True)
     with open(run_dir / "step.log", "w") as log:
-        return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        return watch_step(proc, run_dir, d.world_size, timeout)
+
+
+def ranks_finished(run_dir: Path, world_size: int) -> bool:
+    """Every rank closed its metrics file (its last act before a clean exit)."""
+    n = 0
+    for f in (run_dir / "metrics").glob("rank*.jsonl"):
+        with open(f, "rb") as fh:
+            fh.seek(max(0, f.stat().st_size - 65536))
+            n += b'"k":"summary"' in fh.read()  # metrics.py writes compact JSON
+    return n == world_size and (run_dir / "summary.json").exists()
+
+
+def watch_step(proc: subprocess.Popen, run_dir: Path, world_size: int, timeout: float, grace: float = 30.0) -> int:
+    """Wait for an srun step, bounded. On the local test cluster, srun of a het step has been seen
+    to miss its step's completion and wait forever after every task exited; once every rank has
+    finished cleanly, srun gets `grace` seconds, then it is ended (and this says so)."""
+    deadline, finished = time.monotonic() + timeout, None
+    while True:
+        try:
+            return proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        if finished is None and ranks_finished(run_dir, world_size):
+            finished = time.monotonic()
+        late = finished is not None and time.monotonic() - finished > grace
+        if late or time.monotonic() > deadline:
+            why = (f"every rank finished {grace:.0f}s ago but srun did not return" if late
+                   else f"the point exceeded --point-timeout={timeout:.0f}s")
+            print(f"warning: {run_dir.name}: {why}; ending srun", file=sys.stderr, flush=True)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            return 0 if late else 124
 
 
 def main(argv: list[str] | None = None) -> int:

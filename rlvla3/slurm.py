@@ -245,13 +245,27 @@ def dry_run_text(cfg: config.RunConfig, run_dir: Path, job_name: str = "rlvla3")
     return sbatch_text(cfg, folder, cmd, job_name)
 
 
-def wait(job, poll_s: float) -> list:
-    """Block until the job ends (results of every rank), or raise submitit's error naming it."""
+def wait(job, poll_s: float, grace: float = 30.0) -> list:
+    """Block until every rank has returned (their results), or raise submitit's error naming
+    the job. srun of a het step has been seen (local test cluster) to miss its step's end and
+    wait forever after every task exited: a job still queued `grace` s after all its ranks
+    returned is cancelled, with a warning, so it does not hold its nodes until the time limit."""
+    import subprocess
     import time
 
     while not job.done():
         time.sleep(min(poll_s, 2.0))
-    return job.results()
+    results = job.results()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        if not out.stdout.strip():
+            return results
+        time.sleep(1.0)
+    print(f"warning: job {job.job_id}: every rank returned {grace:.0f}s ago but the job is still queued; "
+          "cancelling it", file=sys.stderr, flush=True)
+    job.cancel(check=False)
+    return results
 
 
 if __name__ == "__main__":
