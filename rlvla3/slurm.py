@@ -200,6 +200,11 @@ def check_rank_layout(cfg: config.RunConfig) -> None:
     if sizes != want:
         raise RuntimeError(f"het-job components have {sizes} tasks, the run config needs {want} "
                            "(cluster.sim_ranks, and Generator+Trainer GPUs)")
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_rank() != procid:
+        raise RuntimeError(f"MPI rank {MPI.COMM_WORLD.Get_rank()} != SLURM_PROCID {procid}: roles follow the "
+                           f"rank, so the MPI plugin (cluster.mpi) must number ranks like Slurm does")
     component = 0 if procid < sizes[0] else 1
     hetgroup = os.environ.get("SLURM_HET_JOB_ID") and os.environ.get("SLURM_HET_JOB_OFFSET")
     if hetgroup is not None and int(hetgroup) != component:

@@ -118,6 +118,7 @@ def test_a_rank_that_raises_fails_the_submission(tmp_path):
     cfg = compose([*TOY_SLURM, "algo.max_versions=3", "policy.device=cuda"])
     t0 = time.monotonic()
     rc = run_slurm(cfg, tmp_path / "run")
+    print(f"a raising rank: submission reported failure after {time.monotonic() - t0:.1f}s (submit to report)")
     assert rc == 1 and time.monotonic() - t0 < 120
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run" / "slurm").glob("*_log.err"))
     assert "policy.device=cuda but this rank sees no CUDA device" in logs
@@ -148,6 +149,7 @@ def test_a_sigkilled_rank_fails_the_submission(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(Exception) as err:
         slurm.wait(job, cfg.cluster.poll_s)
+    print(f"SIGKILL of rank 1: submission reported failure {time.monotonic() - t0:.1f}s after the kill")
     assert time.monotonic() - t0 < 90
     assert job.job_id in str(err.value)
 
