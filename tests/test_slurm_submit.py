@@ -98,3 +98,19 @@ def test_sacct_het_rows_fold_into_the_job_state():
 
 def test_time_limits_in_minutes():
     assert [slurm.time_minutes(t) for t in ("30", "10:30", "01:00:00", "1-00:00", "2-1")] == [30, 11, 60, 1440, 2940]
+
+
+def test_sweep_dry_run_prints_one_het_job_per_point(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", "cluster=slurm_8", "cluster.dry_run=true",
+                          "algo.lr=1e-5,3e-5", f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("#SBATCH hetjob") == 2 and "--array" not in out.stdout
+    assert not list(tmp_path.glob("*/slurm"))
+
+
+def test_one_bad_sweep_point_submits_nothing(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", "cluster=slurm_8", "cluster.time=01:00:00,2h",
+                          f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "sweep point #1" in out.stderr and "cluster.time='2h'" in out.stderr
+    assert not list(tmp_path.glob("*/slurm")) and not list(tmp_path.glob("*/config.yaml"))

@@ -49,6 +49,13 @@ class HetSlurmLauncher(BaseSubmititLauncher):
                 raise config.ConfigError(f"sweep point #{initial_job_idx + i} ({' '.join(overrides)}): {e}") from e
             points.append((list(overrides), sweep_cfg, cfg, run_dir))
 
+        if all(cfg.cluster.dry_run for _, _, cfg, _ in points):
+            for overrides, sweep_cfg, cfg, run_dir in points:
+                print(f"# dry run, sweep point #{sweep_cfg.hydra.job.num} ({' '.join(overrides)}) -> {run_dir}\n")
+                print(slurm.dry_run_text(cfg, run_dir, job_name=f"rlvla3-{run_dir.name}"))
+            return [JobReturn(overrides=o, cfg=c, working_dir=str(r), task_name="rlvla3", status=JobStatus.COMPLETED,
+                              _return_value="dry run") for o, c, _, r in points]
+
         jobs = []
         for overrides, sweep_cfg, cfg, run_dir in points:
             cfg, _ = launch.prepare_run_dir(cfg, run_dir)
