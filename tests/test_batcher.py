@@ -1,7 +1,8 @@
 """Dynamic batcher semantics: B_max counts samples; the clock starts at the first arrival."""
 import pytest
 
-from rlvla3.generator import DynamicBatcher, Request
+from rlvla3.batcher import DynamicBatcher
+from rlvla3.generator import Request
 
 
 def req(gid, n, t):

@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 
 from rlvla3.envs import EnvSpec
-from rlvla3.protocol import Plan, ShardReady, Slice, WeightsHeader, action_codec, obs_codec
+from rlvla3.protocol import Plan, ShardReady, Slice, WeightsHeader, obs_codec
 from tests.conftest import needs_mpi
 
 SPEC = EnvSpec(cameras=2, image_size=8, proprio_dim=5, action_dim=7, instruction_len=6, vocab=64)
