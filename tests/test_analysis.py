@@ -1,0 +1,42 @@
+"""analysis/ on a real run folder: the timeline, batch-size, staleness and learning files."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvla3 import shards
+from tests.conftest import TOY, assert_ok, needs_mpi, run_engine
+
+pytestmark = [needs_mpi, pytest.mark.slow]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_timeline_batches_and_staleness_of_an_async_run(tmp_path):
+    proc, run = run_engine(tmp_path, [*TOY, "mode=async", "mode.eta=1", "generator.b_max=8"])
+    assert_ok(proc)
+    out = subprocess.run([sys.executable, "-m", "analysis.timeline", str(run)], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for name in ("timeline", "batches", "staleness", "learning"):
+        assert (run / f"{name}.png").stat().st_size > 5_000 and (run / f"{name}.csv").exists()
+    spans = rows(run / "timeline.csv")
+    assert {"sim_step", "infer", "train", "weight_sync"} <= {s["name"] for s in spans}
+    assert len({s["rank"] for s in spans}) == 3
+    batches = rows(run / "batches.csv")
+    assert batches and all(1 <= int(b["batch"]) <= 8 for b in batches)  # B_max is in samples
+    stale = {int(r["versions_behind"]): int(r["samples"]) for r in rows(run / "staleness.csv")}
+    assert set(stale) <= {0, 1}  # eta = 1 bounds it
+    shard_rows = sum(json.loads((run / "shards" / n / "zarr.json").read_text())["attributes"]["rows"]
+                     for n in shards.scan(run / "shards"))
+    assert sum(stale.values()) == shard_rows > 0  # every published sample counted once
+    assert len(rows(run / "learning.csv")) == 3
