@@ -23,17 +23,10 @@ SPAN_COLORS = {"sim_step": "C0", "reset": "C9", "wait_action": "0.85", "infer": 
 
 
 def read_spans(run: Path) -> list[dict]:
-    rows = []
-    for f in sorted((run / "metrics").glob("rank*.jsonl")):
-        role = "?"
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["k"] == "meta":
-                role = rec["role"]
-            elif rec["k"] == "span":
-                rows.append({"rank": int(f.stem[4:]), "role": role, "name": rec["n"], "start": rec["t"],
-                             "seconds": rec["d"], "batch": rec.get("batch", "")})
-    return rows
+    from rlvla3.metrics import read_spans
+
+    return [{"rank": rank, "role": role, "name": rec["n"], "start": rec["t"], "seconds": rec["d"],
+             "batch": rec.get("batch", "")} for rank, role, rec in read_spans(run)]
 
 
 def staleness(run: Path) -> Counter:

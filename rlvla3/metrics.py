@@ -6,7 +6,7 @@ Records (one JSON object per line):
   {"k": "scalar", "n": name, "v": value, "t": time, ...extra}
   {"k": "summary", "cpu_s", "cpu_children_s", "wall_s", "spans": {name: [count, seconds]}}
 Span names: sim_step, reset, wait_action, infer, batch_wait, train, load_shard, weight_sync,
-shard_write, comm. analysis/ reads these files; rlvla3 never reads them back.
+shard_write, comm. `read_spans` reads them back (for analysis/ and the planner's profiles).
 """
 from __future__ import annotations
 
@@ -71,3 +71,15 @@ class Metrics:
         self._write(summary)
         self._f.close()
         return summary
+
+
+def read_spans(run_dir: str | Path):
+    """Every span of a run folder as (rank, role, record), rank by rank."""
+    for f in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
+        role = "?"
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec["k"] == "meta":
+                role = rec["role"]
+            elif rec["k"] == "span":
+                yield int(f.stem[4:]), role, rec

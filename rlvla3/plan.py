@@ -1,4 +1,7 @@
 """`python -m rlvla3.plan show|ladder --profile conf/profile/X.yaml --gpus G`
+   `python -m rlvla3.plan profile <run folder> [--profile out.yaml]`
+
+    profile measure a planner profile from a finished run folder (rlvla3/profiling.py)
 
     show    the planned layout for G GPUs (rlvla3/planner.py: analytic search, DES check), beside
             the best sync baseline and the naive 1:1 split; `--write conf/cluster/planned_G.yaml`
@@ -98,18 +101,45 @@ def write_config(plan: P.Plan, path: Path) -> None:
     path.write_text(P.overrides_yaml(tree, header))
 
 
+def measure(args) -> int:
+    """`profile <run> [--profile out.yaml]`: fit a Profile to a run folder and print/write it."""
+    import dataclasses
+
+    from .profiling import profile_from_run
+
+    if args.run is None:
+        print("plan error: profile needs a run folder: python -m rlvla3.plan profile runs/<date>/<time>", file=sys.stderr)
+        return 2
+    try:
+        prof = profile_from_run(args.run)
+    except (P.PlannerError, FileNotFoundError) as e:
+        print(f"plan error: {e}", file=sys.stderr)
+        return 2
+    for k, v in dataclasses.asdict(prof).items():
+        print(f"{k:22s} {v:.4g}" if isinstance(v, float) else f"{k:22s} {v}")
+    if args.profile:
+        P.save_profile(prof, args.profile)
+        print(f"wrote {args.profile}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("show", "ladder"))
-    ap.add_argument("--profile", required=True, type=Path, help="planner profile YAML (conf/profile/*.yaml)")
-    ap.add_argument("--gpus", required=True, type=int, help="GPU budget (whole GPU nodes)")
+    ap.add_argument("command", choices=("show", "ladder", "profile"))
+    ap.add_argument("run", nargs="?", type=Path, help="profile: the run folder to measure")
+    ap.add_argument("--profile", type=Path, help="planner profile YAML (conf/profile/*.yaml); profile: where to write it")
+    ap.add_argument("--gpus", type=int, help="GPU budget (whole GPU nodes)")
     ap.add_argument("--cpu-cores", type=int, default=None,
                     help=f"CPU cores for Simulators (default {P.CPU_CORES_PER_GPU} per GPU)")
     ap.add_argument("--des-checks", type=int, default=P.DES_CHECKS, help="best analytic candidates re-checked by the DES")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write", type=Path, default=None, help="show: write the plan as a cluster config here")
     args = ap.parse_args(argv)
+    if args.command == "profile":
+        return measure(args)
+    if args.profile is None or args.gpus is None:
+        ap.error(f"{args.command} needs --profile and --gpus")
     try:
         profile = P.load_profile(args.profile)
         if args.command == "ladder":

@@ -9,6 +9,8 @@ from rlvla3 import config
 from rlvla3 import planner as P
 from rlvla3.launch import CONF_DIR, compose
 from rlvla3.plan import main as plan_main
+from rlvla3.profiling import profile_from_run
+from tests.conftest import TOY, assert_ok, needs_mpi, run_engine
 
 LIBERO = CONF_DIR / "profile" / "libero_pi05.yaml"
 
@@ -160,3 +162,18 @@ def test_cli_writes_a_cluster_file_that_composes(tmp_path, capsys):
     config.derive(compose(P.override_strings(tree)))
     assert plan_main(["ladder", "--profile", str(LIBERO), "--gpus", "8"]) == 0
     assert "paper[S]" in capsys.readouterr().out
+
+
+@needs_mpi
+@pytest.mark.slow
+def test_profile_measured_from_a_real_run_feeds_the_planner(tmp_path):
+    proc, run = run_engine(tmp_path, [*TOY, "algo.max_versions=4"])
+    assert_ok(proc)
+    prof = profile_from_run(run)
+    for f in ("step_ms", "infer_per_sample_ms", "train_samples_per_s", "weight_sync_ms"):
+        assert 0 < getattr(prof, f) < float("inf"), (f, prof)
+    assert 1 <= prof.episode_steps <= 6  # toy horizon
+    P.save_profile(prof, tmp_path / "p.yaml")
+    assert P.load_profile(tmp_path / "p.yaml") == prof
+    plan = P.plan(prof, 8, des_checks=1)
+    assert plan.best.layout.gpus == 8
