@@ -192,7 +192,7 @@ class ClusterConfig:
     # ---- Slurm (any name but "local"): one heterogeneous job, component 0 = Simulators on CPU
     # nodes, component 1 = Generators + Trainers on GPU nodes, one MPI world over both. Site
     # settings (partitions, account, qos, mpi, setup) are meant to be set once, e.g. in a
-    # git-ignored conf/local/site.yaml (see slurm/README.md).
+    # git-ignored conf/site/local.yaml (see slurm/README.md).
     cpu_partition: str = ""
     """Slurm partition of the Simulator component."""
     gpu_partition: str = ""

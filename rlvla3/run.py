@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 # (from role, to role, tag): every message edge of rlvla3. "trainer0" is the leading Trainer.
@@ -49,7 +50,8 @@ def ranks_of(d, role: str, rank: int) -> set[int]:
 
 def peers(d, rank: int) -> tuple[int, ...]:
     """Ranks this rank exchanges heartbeats with: both ends of every edge it is on."""
-    mine = set(d.role_of(rank)) | ({"trainer0"} if rank == d.train_ranks[0] else set()) | ({"rank0"} if rank == 0 else set())
+    mine = set(d.role_of(rank))
+    mine |= {name for name, r in (("trainer0", d.train_ranks[0]), ("rank0", 0)) if r == rank}
     out: set[int] = set()
     for src, dst, _ in EDGES:
         if src in mine:
@@ -76,15 +78,11 @@ class Preemption:
         self.since = 0.0
 
     def handler(self, signum, frame) -> None:
-        import time
-
         if not self.requested:
             self.requested, self.since = True, time.monotonic()
 
     def step(self, tr) -> None:
         """Rank 0, each loop: requeue once the Trainer acknowledged its checkpoint (or timed out)."""
-        import time
-
         if not self.requested or self.requeue is None:
             return
         from .protocol import Tag
@@ -93,8 +91,8 @@ class Preemption:
         late = time.monotonic() - self.since > self.timeout
         if got is None and not late:
             return
-        print(f"[rank 0] preempted: {'Trainer checkpoint ' + got[1] if got else 'no Trainer checkpoint acknowledgement within %.0fs' % self.timeout}; requeueing",
-              file=sys.stderr, flush=True)
+        what = f"Trainer checkpoint {got[1]}" if got else f"no Trainer checkpoint acknowledgement within {self.timeout:.0f}s"
+        print(f"[rank 0] preempted: {what}; requeueing", file=sys.stderr, flush=True)
         requeue, self.requeue = self.requeue, None
         requeue()
 
@@ -168,8 +166,6 @@ def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int, pre
 def drive(actors: list, tr, preemption: Preemption | None = None, stall_report: float = 10.0) -> None:
     """Step every role hosted by this rank until all are done; back off when idle. A rank that
     has made no progress for `stall_report` seconds prints what it is waiting for (once)."""
-    import time
-
     last_work, reported = time.monotonic(), True  # silent until the first progress (env start-up is slow)
     while not all(a.done for a in actors):
         work = False

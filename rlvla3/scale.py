@@ -47,16 +47,16 @@ def point_config(overrides: list[str], gpus: int, mode: str, envs_per_sim: int) 
 def header(overrides: list[str], scale_div: int, envs_per_sim: int) -> str:
     """The #SBATCH block: the largest point's two components, plus the defaults the body uses."""
     big = point_config(overrides, points(scale_div)[-1], "async", envs_per_sim)
-    text = slurm.sbatch_text(big, Path("/dev/null/slurm"), "true", "rlvla3-scale")
-    directives = [ln for ln in text.splitlines() if ln.startswith("#SBATCH") and "--output" not in ln
-                  and "--error" not in ln and "--signal" not in ln and "--requeue" not in ln]
-    directives.insert(1, "#SBATCH --output=scale-%j.out")  # job-level: before the first component
+    setup = ["# site setup (cluster.setup)", *big.cluster.setup] if big.cluster.setup else []
     return "\n".join([BEGIN + " " + " ".join(shlex.quote(o) for o in overrides) + f" --scale-div {scale_div}",
-                      *directives,
+                      "#SBATCH --job-name=rlvla3-scale",
+                      "#SBATCH --output=scale-%j.out",  # job-level options come before the first component
+                      "#SBATCH --open-mode=append",
+                      *slurm.component_directives(big),
                       END,
                       f': "${{RLVLA3_SCALE_DIV:={scale_div}}}"',
                       f': "${{RLVLA3_SCALE_OVERRIDES:={" ".join(overrides)}}}"',
-                      *[f"# site setup (cluster.setup)\n{line}" for line in big.cluster.setup]])
+                      *setup])
 
 
 def write_header(text: str, script: Path = SCRIPT) -> None:

@@ -16,6 +16,8 @@ step are read again, because the model that trained them was never committed).
 """
 from __future__ import annotations
 
+import json
+
 import os
 import re
 import shutil
@@ -83,6 +85,11 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
     final = shards_dir / name
     os.rename(tmp, final)  # atomic within one filesystem; readers see all or nothing
     return final
+
+
+def read_attrs(path: Path) -> dict:
+    """A published shard's attributes (rows, versions, ...) without reading its arrays."""
+    return json.loads((Path(path) / "zarr.json").read_text())["attributes"]
 
 
 def read_shard(path: Path) -> tuple[dict[str, np.ndarray], dict]:

@@ -62,25 +62,11 @@ def components(cfg: config.RunConfig) -> list[Component]:
     ]
 
 
-def sbatch_text(cfg: config.RunConfig, folder: Path, command: str, job_name: str) -> str:
-    """The whole batch file. Every value that reaches it is validated (config.validate_slurm,
-    SAFE_PATH here); `command` is built by the caller from shell-quoted parts."""
+def component_directives(cfg: config.RunConfig) -> list[str]:
+    """The `#SBATCH` blocks of the two het-job components (also the scale test's allocation)."""
     c = cfg.cluster
-    # #SBATCH lines are not parsed by a shell: a folder needing quotes is refused, not quoted.
-    if SAFE_PATH.fullmatch(str(folder)) is None:
-        raise config.ConfigError(f"run_dir={str(folder.parent)!r}: Slurm batch directives cannot carry this path "
-                                 "safely; use letters, digits and _ . / + - = only")
-    logs = str(folder) + "/"
     common = [f"--time={c.time}"] + [f"--{k}={v}" for k, v in (("account", c.account), ("qos", c.qos)) if v]
-    lines = ["#!/bin/bash",
-             f"# rlvla3 heterogeneous job: {cfg.cluster.sim_ranks} Simulator ranks on CPU nodes, "
-             f"{config.gpu_ranks(cfg)} Generator/Trainer ranks on GPU nodes, one MPI world.",
-             f"#SBATCH --job-name={job_name}",
-             f"#SBATCH --output={logs}%j_batch.out",
-             f"#SBATCH --error={logs}%j_batch.err",
-             "#SBATCH --open-mode=append",
-             f"#SBATCH --signal=USR2@{c.signal_delay_s}",
-             "#SBATCH --requeue"]
+    lines = []
     for i, comp in enumerate(components(cfg)):
         if i:
             lines.append("#SBATCH hetjob")
@@ -90,6 +76,28 @@ def sbatch_text(cfg: config.RunConfig, folder: Path, command: str, job_name: str
                   f"#SBATCH --ntasks={comp.ntasks}", f"#SBATCH --cpus-per-task={comp.cpus_per_task}"]
         if comp.gpus_per_task:
             lines.append(f"#SBATCH --gpus-per-task={comp.gpus_per_task}")
+    return lines
+
+
+def sbatch_text(cfg: config.RunConfig, folder: Path, command: str, job_name: str) -> str:
+    """The whole batch file. Every value that reaches it is validated (config.validate_slurm,
+    SAFE_PATH here); `command` is built by the caller from shell-quoted parts."""
+    c = cfg.cluster
+    # #SBATCH lines are not parsed by a shell: a folder needing quotes is refused, not quoted.
+    if SAFE_PATH.fullmatch(str(folder)) is None:
+        raise config.ConfigError(f"run_dir={str(folder.parent)!r}: Slurm batch directives cannot carry this path "
+                                 "safely; use letters, digits and _ . / + - = only")
+    logs = str(folder) + "/"
+    lines = ["#!/bin/bash",
+             f"# rlvla3 heterogeneous job: {cfg.cluster.sim_ranks} Simulator ranks on CPU nodes, "
+             f"{config.gpu_ranks(cfg)} Generator/Trainer ranks on GPU nodes, one MPI world.",
+             f"#SBATCH --job-name={job_name}",
+             f"#SBATCH --output={logs}%j_batch.out",
+             f"#SBATCH --error={logs}%j_batch.err",
+             "#SBATCH --open-mode=append",
+             f"#SBATCH --signal=USR2@{c.signal_delay_s}",
+             "#SBATCH --requeue",
+             *component_directives(cfg)]
     if c.setup:
         lines += ["", "# site setup (cluster.setup)", *c.setup]
     # srun's %j is each component's own id: logs use the leader's id (SLURM_JOB_ID here).
@@ -206,9 +214,9 @@ def check_rank_layout(cfg: config.RunConfig) -> None:
         raise RuntimeError(f"MPI rank {MPI.COMM_WORLD.Get_rank()} != SLURM_PROCID {procid}: roles follow the "
                            f"rank, so the MPI plugin (cluster.mpi) must number ranks like Slurm does")
     component = 0 if procid < sizes[0] else 1
-    hetgroup = os.environ.get("SLURM_HET_JOB_ID") and os.environ.get("SLURM_HET_JOB_OFFSET")
-    if hetgroup is not None and int(hetgroup) != component:
-        raise RuntimeError(f"SLURM_PROCID={procid} runs in het component {hetgroup}, expected {component}")
+    offset = os.environ.get("SLURM_HET_JOB_OFFSET")  # set only inside a het job
+    if offset and int(offset) != component:
+        raise RuntimeError(f"SLURM_PROCID={procid} runs in het component {offset}, expected {component}")
 
 
 def install_abort_hook() -> None:

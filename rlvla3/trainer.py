@@ -195,7 +195,7 @@ class Trainer:
         names = [n for n in shards.scan(self.shards_dir) if shards.parse_name(n)[0] >= self.version]
         for name in sorted(names, key=lambda n: (first.get(n, len(first)), n)):
             step, gid, seq = shards.parse_name(name)
-            attrs = json.loads((self.shards_dir / name / "zarr.json").read_text())["attributes"]
+            attrs = shards.read_attrs(self.shards_dir / name)
             self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"]))
         print(f"[trainer {self.index}] resumed from {ckpts[-1].name}: version {self.version}, step "
               f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)

@@ -11,12 +11,14 @@
 #SBATCH --job-name=rlvla3-scale
 #SBATCH --output=scale-%j.out
 #SBATCH --open-mode=append
+# component 0: simulators
 #SBATCH --time=00:20:00
 #SBATCH --partition=cpu
 #SBATCH --nodes=1
 #SBATCH --ntasks=8
 #SBATCH --cpus-per-task=2
 #SBATCH hetjob
+# component 1: generators+trainers
 #SBATCH --time=00:20:00
 #SBATCH --partition=gpu
 #SBATCH --nodes=2

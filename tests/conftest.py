@@ -21,6 +21,30 @@ def run_engine(tmp_path: Path, overrides: list[str], timeout: float = 240, name:
     return proc, run_dir
 
 
+def final_checkpoint(run_dir: Path) -> dict:
+    """The latest checkpoint (version ends and mid-version preemption points, in order)."""
+    import torch
+
+    from rlvla3.trainer import ckpt_order
+
+    return torch.load(sorted((run_dir / "ckpt").glob("v*.pt"), key=ckpt_order)[-1], weights_only=True)
+
+
+def check_every_shard_consumed_once(run_dir: Path, versions: int, rollout_batch: int) -> None:
+    """Every committed row of every trained step entered training exactly once: none lost, none
+    twice, and rows trained = versions x rollout_batch = the ledger's sum."""
+    from rlvla3 import shards
+
+    state = final_checkpoint(run_dir)
+    ledger = state["ledger"]["rows"]
+    trained = [n for n in shards.scan(run_dir / "shards") if shards.parse_name(n)[0] < versions]
+    for n in trained:
+        rows = shards.read_attrs(run_dir / "shards" / n)["rows"]
+        assert ledger.get(n) == rows, f"{n}: ledger {ledger.get(n)} of {rows} rows"
+    assert set(ledger) == set(trained)
+    assert state["rows_trained"] == versions * rollout_batch == sum(ledger.values())
+
+
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 

@@ -13,26 +13,9 @@ import torch
 
 from rlvla3 import shards
 from rlvla3.launch import compose, mpi_env, mpiexec_command, prepare_run_dir
-from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
+from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
-
-
-def final_ledger(run_dir):
-    ckpt = sorted((run_dir / "ckpt").glob("v*.pt"))[-1]
-    return torch.load(ckpt, weights_only=True)
-
-
-def check_every_shard_consumed_once(run_dir, versions, rollout_batch):
-    state = final_ledger(run_dir)
-    ledger = state["ledger"]["rows"]
-    names = shards.scan(run_dir / "shards")
-    trained = [n for n in names if shards.parse_name(n)[0] < versions]
-    for n in trained:
-        rows = json.loads((run_dir / "shards" / n / "zarr.json").read_text())["attributes"]["rows"]
-        assert ledger.get(n) == rows, f"{n}: ledger {ledger.get(n)} of {rows} rows"
-    assert set(ledger) == set(trained)
-    assert state["rows_trained"] == versions * rollout_batch == sum(ledger.values())
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -85,7 +68,7 @@ def test_two_trainers_agree_and_match_one(tmp_path):
     cfg = config.load(r1)
     flat = lambda m: torch.cat([m[k].flatten().float() for k in sorted(m)])  # noqa: E731
     p0 = flat(make_policy(cfg, spec(cfg)).state_dict())
-    p1, p2 = flat(final_ledger(r1)["model"]), flat(final_ledger(r2)["model"])
+    p1, p2 = flat(final_checkpoint(r1)["model"]), flat(final_checkpoint(r2)["model"])
     moved = (p1 - p0).norm()
     assert moved > 0.1
     assert (p1 - p2).norm() / moved < 0.01
