@@ -258,15 +258,21 @@ def dry_run_text(cfg: config.RunConfig, run_dir: Path, job_name: str = "rlvla3")
     return sbatch_text(cfg, folder, cmd, job_name)
 
 
-def wait(job, poll_s: float, grace: float = 30.0) -> list:
+def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) -> list:
     """Block until every rank has returned (their results), or raise submitit's error naming
     the job. srun of a het step has been seen (local test cluster) to miss its step's end and
     wait forever after every task exited: a job still queued `grace` s after all its ranks
-    returned is cancelled, with a warning, so it does not hold its nodes until the time limit."""
+    returned is cancelled, with a warning, so it does not hold its nodes until the time limit.
+    `timeout` (seconds, None = as long as Slurm keeps the job alive: a dead job is seen through
+    sacct within `poll_s`) cancels the job and raises TimeoutError naming it."""
     import subprocess
     import time
 
+    deadline = None if timeout is None else time.monotonic() + timeout
     while not job.done():
+        if deadline is not None and time.monotonic() > deadline:
+            job.cancel(check=False)
+            raise TimeoutError(f"Slurm job {job.job_id} did not finish within {timeout:.0f}s; cancelled it")
         time.sleep(min(poll_s, 2.0))
     results = job.results()
     deadline = time.monotonic() + grace

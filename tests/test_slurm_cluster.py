@@ -92,7 +92,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
     # A requeued job waits ~2 minutes before it may start again; release it now.
     subprocess.run(["scontrol", "release", job.job_id], timeout=10)
     subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], check=True, timeout=10)
-    slurm.wait(job, cfg.cluster.poll_s)
+    slurm.wait(job, cfg.cluster.poll_s, timeout=300)
 
     logs = "".join(p.read_text(errors="replace") for p in (run / "slurm").glob("*_log.*"))
     assert "preemption signal: checkpoint" in logs and "preempted: Trainer checkpoint" in logs
@@ -139,7 +139,7 @@ def test_a_sigkilled_rank_fails_the_submission(tmp_path):
     os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(Exception) as err:
-        slurm.wait(job, cfg.cluster.poll_s)
+        slurm.wait(job, cfg.cluster.poll_s, timeout=300)
     print(f"SIGKILL of rank 1: submission reported failure {time.monotonic() - t0:.1f}s after the kill")
     assert time.monotonic() - t0 < 90
     assert job.job_id in str(err.value)
