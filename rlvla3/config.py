@@ -62,11 +62,13 @@ class EnvConfig:
     distractors: int = 1
     """toy: targets of other colours besides the named one (0 makes language unnecessary)."""
     step_ms: float = 10.0
-    """emulated: median step latency (ms)."""
+    """emulated: median step latency (ms); episodes last exactly `horizon` steps."""
     step_sigma: float = 0.6
     """emulated: log-normal sigma of step latency (heavy tail)."""
     reset_ms: float = 200.0
     """emulated: reset latency (ms), paid at each episode end."""
+    success_rate: float = 0.2
+    """emulated: probability that an episode ends in success (decided at its last step)."""
     proprio_dim: int = 8
     """emulated: proprio size."""
     action_dim: int = 7
@@ -76,7 +78,7 @@ class EnvConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     name: str = "tiny"
-    """Policy family: tiny."""
+    """Policy family: tiny | emulated (sleeps for the costs below; no torch)."""
     d_model: int = 128
     """Transformer width."""
     layers: int = 2
@@ -99,6 +101,16 @@ class PolicyConfig:
     """torch threads per CPU rank (1 is fastest when several ranks share cores)."""
     init_seed: int = 0
     """Seed of the initial weights."""
+    infer_fixed_ms: float = 5.0
+    """emulated: Generator forward of n samples takes infer_fixed_ms + infer_per_sample_ms * n."""
+    infer_per_sample_ms: float = 0.5
+    """emulated: per-sample part of the forward time."""
+    train_samples_per_s: float = 2000.0
+    """emulated: rollout samples per second one Trainer rank trains (all update epochs)."""
+    weight_sync_ms: float = 20.0
+    """emulated: Trainer time to publish a version (on top of the real transfer)."""
+    emulated_params: int = 100_000
+    """emulated: float32 values really sent to every Generator per version."""
 
 
 @dataclass(frozen=True)
@@ -383,7 +395,12 @@ def validate(cfg: RunConfig) -> None:
     _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
     _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
-    _require(p.name == "tiny", "policy.name", p.name, "only 'tiny' exists so far")
+    _require(0.0 <= e.success_rate <= 1.0, "env.success_rate", e.success_rate, "must be in [0, 1]")
+    _require(p.name in ("tiny", "emulated"), "policy.name", p.name, "use tiny or emulated")
+    for name in ("infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):
+        _require(getattr(p, name) >= 0, f"policy.{name}", getattr(p, name), "must be >= 0")
+    _require(p.train_samples_per_s > 0, "policy.train_samples_per_s", p.train_samples_per_s, "must be > 0")
+    _require(p.emulated_params >= 1, "policy.emulated_params", p.emulated_params, "must be >= 1")
     _require(p.d_model % p.heads == 0, "policy.d_model", p.d_model, f"must be divisible by policy.heads={p.heads}")
     _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")

@@ -9,17 +9,14 @@ Loop (each pass does only what is ready; see `step`):
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from .config import Derived, RunConfig
 from .envs import spec
-from .policies import make_policy
-from .policies.base import load_flat_params
+from .policies import make_actor
 from .batcher import DynamicBatcher
 from .protocol import Done, Kind, Stop, Tag, WeightsHeader, action_codec, obs_codec
 
@@ -35,22 +32,11 @@ class Request:
     obs: dict              # views into the group's receive buffer
 
 
-def pick_device(setting: str) -> torch.device:
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if setting.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"policy.device={setting} but this rank sees no CUDA device "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch {torch.__version__}); "
-                           "use policy.device=auto or cpu")
-    return torch.device(setting)
-
-
 class Generator:
     def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, gen_index: int):
         self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
         self.sp = spec(cfg)
-        self.device = pick_device(cfg.policy.device)
-        self.policy = make_policy(cfg, self.sp).to(self.device).eval()
+        self.actor = make_actor(cfg, self.sp)   # torch policy, or an emulated one (no torch)
         self.obs_codec, self.act_codec = obs_codec(self.sp), action_codec(self.sp)
         self.groups = {g.gid: g for g in d.groups_of_gen(gen_index)}
         self.recv_bufs = {gid: self.obs_codec.alloc(g.size) for gid, g in self.groups.items()}
@@ -63,7 +49,7 @@ class Generator:
         # Sync baseline: wait for every group served (one full batch per env step).
         self.batcher = DynamicBatcher(served if sync else d.b_max, float("inf") if sync else cfg.generator.t_max_ms / 1e3)
         self.version, self.granted_until = -1, -1
-        self.weights_buf = np.zeros(sum(p.numel() for p in self.policy.parameters()), np.float32)
+        self.weights_buf = np.zeros(self.actor.n_params, np.float32)
         self.sims = sorted({g.sim_rank for g in self.groups.values()})
         self.trainer0 = d.train_ranks[0]
         self.colocated = cfg.mode.placement == "colocated"
@@ -74,7 +60,7 @@ class Generator:
     # ------------------------------------------------------------ weights
     def set_weights(self, flat: np.ndarray, version: int, granted_until: int) -> None:
         with self.metrics.timed("weight_sync", version=version):
-            load_flat_params(self.policy, flat)
+            self.actor.load(flat)
         self.version, self.granted_until = version, granted_until
         self._release_held()
 
@@ -132,11 +118,8 @@ class Generator:
         n = sum(r.n for r in batch)
         t0 = time.time()
         p0 = time.perf_counter()
-        obs = {k: torch.from_numpy(np.concatenate([r.obs[k] for r in batch])).to(self.device)
-               for k in ("images", "proprio", "tokens")}
-        noise = torch.from_numpy(np.concatenate([self._noise(r) for r in batch])).to(self.device)
-        tok, logp, value = self.policy.act(obs["images"], obs["proprio"], obs["tokens"], noise)
-        tok, logp, value = tok.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
+        obs = {k: np.concatenate([r.obs[k] for r in batch]) for k in ("images", "proprio", "tokens")}
+        tok, logp, value = self.actor.act(obs, np.concatenate([self._noise(r) for r in batch]))
         dt = time.perf_counter() - p0
         self.metrics.span("infer", t0, dt, batch=n, requests=len(batch), version=self.version)
         self.metrics.span("batch_wait", t0 - wait, wait, batch=n)
@@ -159,7 +142,7 @@ class Generator:
         if prev is not None:
             self.transport.wait(prev, self.cfg.runtime.liveness_timeout, g.sim_rank, "action reply")
         self.act_codec.pack(buf, (r.gid, r.seq, self.version, r.kind), {
-            "action": self.policy.to_env_action(tok), "action_tokens": tok, "logprob": logp, "value": value})
+            "action": self.actor.to_env_action(tok), "action_tokens": tok, "logprob": logp, "value": value})
         self.reply_reqs[r.gid] = self.transport.isend_buf(g.sim_rank, Tag.ACTION + r.gid, buf)
         self.busy.discard(r.gid)
 

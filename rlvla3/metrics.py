@@ -4,7 +4,8 @@ Records (one JSON object per line):
   {"k": "meta",   "rank", "role", "host", "clock_offset"}       clock_offset: add to local time
   {"k": "span",   "n": name, "t": start (wall, rank-0 clock), "d": seconds, ...extra}
   {"k": "scalar", "n": name, "v": value, "t": time, ...extra}
-  {"k": "summary", "cpu_s", "cpu_children_s", "wall_s", "spans": {name: [count, seconds]}}
+  {"k": "summary", "cpu_s", "cpu_children_s", "wall_s", "spans": {name: [count, seconds]},
+   "heavy_modules": [the HEAVY_MODULES this rank imported]}
 Span names: sim_step, reset, wait_action, infer, batch_wait, train, load_shard, weight_sync,
 shard_write, comm. `read_spans` reads them back (for analysis/ and the planner's profiles).
 """
@@ -14,10 +15,14 @@ import json
 import os
 import resource
 import socket
+import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
+
+HEAVY_MODULES = ("torch", "robosuite", "mujoco")
+"""Recorded per rank at exit: Simulator ranks never import torch, emulated ranks import none."""
 
 
 class Metrics:
@@ -67,7 +72,8 @@ class Metrics:
                    "cpu_s": time.process_time() - self._cpu0,
                    "cpu_children_s": children.ru_utime + children.ru_stime,
                    "wall_s": time.time() - self._t_start,
-                   "spans": {k: list(v) for k, v in self._totals.items()}}
+                   "spans": {k: list(v) for k, v in self._totals.items()},
+                   "heavy_modules": [m for m in HEAVY_MODULES if m in sys.modules]}
         self._write(summary)
         self._f.close()
         return summary
@@ -83,3 +89,11 @@ def read_spans(run_dir: str | Path):
                 role = rec["role"]
             elif rec["k"] == "span":
                 yield int(f.stem[4:]), role, rec
+
+
+def read_summaries(run_dir: str | Path) -> list[dict]:
+    """The exit summary of every rank that finished (rank order)."""
+    out = []
+    for f in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
+        out += [rec for rec in map(json.loads, f.read_text().splitlines()) if rec["k"] == "summary"]
+    return out

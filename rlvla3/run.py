@@ -148,9 +148,10 @@ def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int, pre
     if "simulator" in roles:
         from .simulator import Simulator
         return [Simulator(cfg, d, tr, metrics, run)]
-    import torch
+    if cfg.policy.name != "emulated":  # emulated ranks never import torch
+        import torch
 
-    torch.set_num_threads(cfg.policy.torch_threads)
+        torch.set_num_threads(cfg.policy.torch_threads)
     actors = []
     gen = None
     if "generator" in roles:

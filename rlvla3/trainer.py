@@ -23,59 +23,23 @@ never saved, its rows are simply planned again.
 """
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil
-import socket
 import time
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from . import shards
-from .algo import decoupled_ppo_loss, gae
 from .config import Derived, RunConfig
 from .envs import spec
-from .generator import pick_device
-from .policies import make_policy
-from .policies.base import flat_params
+from .policies import make_learner
 from .protocol import Plan, ShardReady, Slice, Stop, Tag, WeightsHeader
 
 LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
-
-
-@dataclass
-class Rows:
-    """A loaded shard, flattened to rows (row = t * n_envs + env), ready for training."""
-
-    images: torch.Tensor
-    proprio: torch.Tensor
-    tokens: torch.Tensor
-    action_tokens: torch.Tensor
-    logp_behav: torch.Tensor
-    logp_prox: torch.Tensor   # NaN until computed (only needed for stale rows)
-    adv: torch.Tensor
-    ret: torch.Tensor
-    versions: torch.Tensor
-
-
-def load_rows(path: Path, gamma: float, lam: float) -> Rows:
-    """Read a shard and compute its advantages and returns (GAE over the segment)."""
-    a, _ = shards.read_shard(path)
-    adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], gamma, lam)
-
-    def flat(x):
-        return torch.from_numpy(np.ascontiguousarray(x.reshape(-1, *x.shape[2:])))
-
-    lb = flat(a["logprobs"])
-    return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), flat(a["action_tokens"]), lb,
-                torch.full_like(lb, float("nan")), flat(adv), flat(ret), flat(a["versions"]))
 
 
 def ckpt_order(path: Path) -> tuple[int, int]:
@@ -113,17 +77,10 @@ class Trainer:
         self.leader = index == 0
         self.shards_dir = run_dir / "shards"
         self.ckpt_dir = run_dir / "ckpt"
-        self.device = pick_device(cfg.policy.device)
-        self.policy = make_policy(cfg, spec(cfg)).to(self.device)
-        self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
-        # A Trainer may own no rows of an optimizer step; it still all-reduces (zero) gradients.
-        for p in self.policy.parameters():
-            p.grad = torch.zeros_like(p)
+        self.learner = make_learner(cfg, spec(cfg), metrics, self.n, index, self.shards_dir)
         self.version = self.opt_step = self.rows_trained = 0
         self.ledger = shards.Ledger.empty()
         self.announced: dict[int, list[ShardReady]] = defaultdict(list)
-        self.loaded: dict[str, Rows] = {}
-        self.bad: set[str] = set()
         self.cursor = (0, 0)
         self.step_in_version = 0
         self.order: list[tuple[str, int]] = []
@@ -134,49 +91,26 @@ class Trainer:
         self.stopping = False
         self.done = False
         self.tb = None
-        if self.n > 1:
-            self._init_process_group()
-        self.prox = self._snapshot()
+        self.learner.connect(transport, d.train_ranks)
         if cfg.resume:
             self._resume()
         if self.leader:
             self.ckpt_dir.mkdir(exist_ok=True)
-            if cfg.runtime.tensorboard:
+            # TensorBoard's writer comes with torch, which emulated ranks never import (the
+            # metrics files hold the same scalars).
+            if cfg.runtime.tensorboard and cfg.policy.name != "emulated":
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(run_dir / "tb"))
         self.t0 = time.time()
         self._publish()
 
     # ------------------------------------------------------------ setup
-    def _init_process_group(self) -> None:
-        """Data-parallel group over the Trainer ranks: Trainer 0 picks a port and tells the rest."""
-        import torch.distributed as dist
-
-        leader = self.d.train_ranks[0]
-        if self.leader:
-            s = socket.socket()
-            s.bind(("", 0))
-            addr = (socket.gethostname(), s.getsockname()[1])
-            s.close()
-            for r in self.d.train_ranks[1:]:
-                self.transport.send(r, Tag.PLAN, addr)
-        else:
-            addr = self.transport.recv(leader, Tag.PLAN, self.cfg.runtime.startup_timeout, "process-group address")
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{addr[0]}:{addr[1]}", rank=self.index,
-                                world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.liveness_timeout))
-
-    def _snapshot(self):
-        """π_prox: the weights at the start of the rollout step (only stale rows need it)."""
-        return copy.deepcopy(self.policy).eval() if self.cfg.mode.eta > 0 else None
-
     def _resume(self) -> None:
         ckpts = sorted(self.ckpt_dir.glob("v*.pt"), key=ckpt_order)
         if not ckpts:
             return
-        state = torch.load(ckpts[-1], map_location=self.device, weights_only=True)
-        self.policy.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        state = self.learner.load(ckpts[-1])
+        self.learner.load_state(state)
         self.version, self.opt_step, self.rows_trained = (int(state[k]) for k in ("version", "opt_step", "rows_trained"))
         self.ledger = shards.Ledger.from_state(state["ledger"])
         self.history = json.loads(state["history"])
@@ -185,10 +119,6 @@ class Trainer:
             self.step_in_version = int(mid)
             self.order = [(n, int(r)) for n, r in json.loads(state["order"])]
             self.cursor = tuple(int(x) for x in state["cursor"])
-            if self.prox is not None:
-                self.prox.load_state_dict(state["prox"])
-        elif self.prox is not None:
-            self.prox.load_state_dict(state["model"])
         # Published shards of untrained steps are announced again: the current step's in its
         # saved row order (the cursor points into it), then the rest in name order.
         first = {n: i for i, (n, _) in enumerate(self.order)}
@@ -206,7 +136,7 @@ class Trainer:
             return  # already trained (a duplicate announcement after a restart)
         self.announced[msg.step].append(msg)
         if self.cfg.mode.overlap and owner_of(msg.name, self.n) == self.index:
-            self._load(msg.name)
+            self.learner.preload(msg.name)
 
     def _intake(self) -> bool:
         work = False
@@ -215,20 +145,6 @@ class Trainer:
             if not self.stopping:
                 self._announce(got[1])
         return work
-
-    def _load(self, name: str) -> Rows | None:
-        if name in self.loaded or name in self.bad:
-            return self.loaded.get(name)
-        path = self.shards_dir / name
-        try:
-            with self.metrics.timed("load_shard", shard=name):
-                self.loaded[name] = load_rows(path, self.cfg.algo.gamma, self.cfg.algo.gae_lambda)
-        except shards.ShardError as e:
-            shards.quarantine(path, str(e))
-            self.bad.add(name)
-            self.metrics.scalar("bad_shards", len(self.bad))
-            return None
-        return self.loaded[name]
 
     # ------------------------------------------------------------ planning (leader)
     def _next_plan(self) -> Plan | None:
@@ -264,108 +180,15 @@ class Trainer:
     # ------------------------------------------------------------ training
     def _execute(self, plan: Plan) -> None:
         t0 = time.time()
-        mine = [s for s in plan.slices if s.owner == self.index]
-        batch = self._gather(mine)
-        self.opt.zero_grad(set_to_none=False)
-        sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
-        count = 0
-        if self.cfg.algo.norm_adv:
-            self._normalize_adv(batch)
-        if batch is not None:
-            count = batch["adv"].shape[0]
-            for i in range(0, count, self.cfg.algo.micro_batch):
-                mb = {k: v[i:i + self.cfg.algo.micro_batch].to(self.device) for k, v in batch.items()}
-                terms = self._loss(mb)
-                terms.total.backward()
-                sums[1:] += torch.tensor([float(getattr(terms, k)) for k in LOSS_KEYS], dtype=torch.float64)
-        sums[0] = count
-        total = self._allreduce(sums)
-        if total[0] > 0:
-            for p in self.policy.parameters():
-                p.grad.div_(float(total[0]))
-            if self.cfg.algo.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.algo.max_grad_norm)
-            self.opt.step()
+        total = self.learner.train(plan.slices, self.version)
         self.opt_step = plan.opt_step
         self._account(plan, total)
-        self.metrics.span("train", t0, time.time() - t0, rows=count, opt_step=self.opt_step, version=self.version)
+        mine = sum(s.stop - s.start for s in plan.slices if s.owner == self.index)
+        self.metrics.span("train", t0, time.time() - t0, rows=mine, opt_step=self.opt_step, version=self.version)
         if plan.end_of_version:
             self._finish_version()
 
-    def _normalize_adv(self, batch: dict[str, torch.Tensor] | None) -> None:
-        """A <- (A - mean) / std over the whole global batch (PPO's usual normalisation; it keeps
-        the policy step size independent of the reward scale)."""
-        adv = batch["adv"].double() if batch is not None else torch.zeros(0, dtype=torch.float64)
-        n, s, ss = self._allreduce_stats(torch.stack([torch.tensor(float(adv.numel())), adv.sum(), (adv * adv).sum()]))
-        if n < 2:
-            return
-        mean = s / n
-        std = float(max(ss / n - mean * mean, 0.0)) ** 0.5
-        if batch is not None:
-            batch["adv"] = ((adv - mean) / (std + 1e-8)).float()
-
-    def _allreduce_stats(self, stats: torch.Tensor) -> list[float]:
-        """Sum a few float64 statistics over Trainers (no gradients involved)."""
-        if self.n > 1:
-            import torch.distributed as dist
-
-            stats = stats.to(self.device)
-            dist.all_reduce(stats)
-        return stats.cpu().tolist()
-
-    def _gather(self, mine: list[Slice]) -> dict[str, torch.Tensor] | None:
-        parts = []
-        for s in mine:
-            rows = self._load(s.name)
-            if rows is None:
-                continue
-            self._fill_prox(rows, s.start, s.stop)
-            parts.append({k: getattr(rows, k)[s.start:s.stop] for k in
-                          ("images", "proprio", "tokens", "action_tokens", "logp_behav", "logp_prox", "adv", "ret")})
-        if not parts:
-            return None
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-    def _fill_prox(self, rows: Rows, start: int, stop: int) -> None:
-        """log π_prox for rows [start, stop): the behaviour log-prob for fresh rows (produced by
-        this very version), the frozen step-start model for stale ones (computed once, cached)."""
-        sl = slice(start, stop)
-        todo = torch.isnan(rows.logp_prox[sl])
-        if not todo.any():
-            return
-        fresh = rows.versions[sl] >= self.version
-        rows.logp_prox[sl] = torch.where(fresh, rows.logp_behav[sl], rows.logp_prox[sl])
-        stale = torch.nonzero(todo & ~fresh)[:, 0] + start
-        if len(stale):
-            with torch.no_grad():
-                lp, _, _ = self.prox.evaluate(rows.images[stale].to(self.device), rows.proprio[stale].to(self.device),
-                                              rows.tokens[stale].to(self.device), rows.action_tokens[stale].to(self.device))
-            rows.logp_prox[stale] = lp.cpu()
-
-    def _loss(self, mb):
-        a = self.cfg.algo
-        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["action_tokens"])
-        return decoupled_ppo_loss(logp, mb["logp_prox"], mb["logp_behav"], mb["adv"], value, mb["ret"], ent,
-                                  a.clip, a.behaviour_clip, a.vf_coef, a.ent_coef)
-
-    def _allreduce(self, sums: torch.Tensor) -> torch.Tensor:
-        """Sum gradients and loss statistics over Trainers in one collective."""
-        if self.n == 1:
-            return sums
-        import torch.distributed as dist
-
-        grads = [p.grad.reshape(-1) for p in self.policy.parameters()]
-        buf = torch.cat([*grads, sums.to(grads[0].device, grads[0].dtype)])
-        t0 = time.time()
-        dist.all_reduce(buf)
-        self.metrics.span("comm", t0, time.time() - t0, what="allreduce", bytes=buf.numel() * buf.element_size())
-        off = 0
-        for p in self.policy.parameters():
-            p.grad.copy_(buf[off:off + p.numel()].view_as(p))
-            off += p.numel()
-        return buf[off:].to(torch.float64).cpu()
-
-    def _account(self, plan: Plan, total: torch.Tensor) -> None:
+    def _account(self, plan: Plan, total: np.ndarray) -> None:
         per_epoch = self.cfg.algo.rollout_batch // self.cfg.algo.global_batch
         # Only the leader plans (and so counts steps); rows count as consumed in epoch 0.
         if self.leader and (self.step_in_version - 1) // per_epoch == 0:
@@ -382,9 +205,8 @@ class Trainer:
         self.step_in_version = 0
         self.cursor = (0, 0)
         arrived = self.announced.pop(k, [])
-        for m in arrived:
-            self.loaded.pop(m.name, None)
-        self.prox = self._snapshot()
+        self.learner.forget(m.name for m in arrived)
+        self.learner.new_version()
         self._publish()
         if self.leader:
             self._log_version(k, arrived)
@@ -402,9 +224,9 @@ class Trainer:
         granted = self.version + self.cfg.mode.eta
         t0 = time.time()
         if self.local_gen is not None:
-            self.local_gen.set_weights(flat_params(self.policy), self.version, granted)
+            self.local_gen.set_weights(self.learner.weights(), self.version, granted)
         elif self.leader:
-            flat = flat_params(self.policy)
+            flat = self.learner.weights()
             reqs = []
             for g in self.d.gen_ranks:
                 self.transport.send(g, Tag.WEIGHTS, WeightsHeader(self.version, granted, flat.size))
@@ -416,19 +238,17 @@ class Trainer:
     def checkpoint(self) -> Path:
         """model + optimizer + counters + ledger in one file, published by atomic rename. Between
         optimizer steps of a version it also holds the step's plan state and π_prox."""
-        state = {"model": self.policy.state_dict(), "optimizer": self.opt.state_dict(),
+        state = {**self.learner.state(mid_version=self.step_in_version > 0),
                  "version": self.version, "opt_step": self.opt_step, "rows_trained": self.rows_trained,
                  "ledger": self.ledger.to_state(), "history": json.dumps(self.history)}
         name = f"v{self.version:06d}"
         if self.step_in_version:
             state.update(step_in_version=self.step_in_version, order=json.dumps(self.order),
                          cursor=list(self.cursor))
-            if self.prox is not None:
-                state["prox"] = self.prox.state_dict()
             name += f"-s{self.step_in_version:04d}"
         path = self.ckpt_dir / f"{name}.pt"
         tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
+        self.learner.save(state, tmp)
         tmp.rename(path)
         return path
 
@@ -529,13 +349,10 @@ class Trainer:
 
     def record_params(self) -> None:
         """A hash of this Trainer's parameters (data-parallel ranks must agree bit for bit)."""
-        import hashlib
-
-        digest = hashlib.sha256(flat_params(self.policy).tobytes()).hexdigest()
-        (self.run_dir / f"params-trainer{self.index}.sha256").write_text(digest + "\n")
+        (self.run_dir / f"params-trainer{self.index}.sha256").write_text(self.learner.digest() + "\n")
 
     def _write_summary(self) -> None:
         summary = {"versions": self.version, "opt_steps": self.opt_step, "rows_trained": self.rows_trained,
-                   "wall_s": time.time() - self.t0, "bad_shards": sorted(self.bad), "history": self.history,
-                   "param_checksum": float(flat_params(self.policy).astype(np.float64).sum())}
+                   "wall_s": time.time() - self.t0, "bad_shards": sorted(self.learner.bad), "history": self.history,
+                   "param_digest": self.learner.digest()}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

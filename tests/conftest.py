@@ -22,12 +22,18 @@ def run_engine(tmp_path: Path, overrides: list[str], timeout: float = 240, name:
 
 
 def final_checkpoint(run_dir: Path) -> dict:
-    """The latest checkpoint (version ends and mid-version preemption points, in order)."""
-    import torch
-
+    """The latest checkpoint (version ends and mid-version preemption points, in order), in
+    either learner's format (torch, or the emulated learner's npz)."""
+    from rlvla3 import config
     from rlvla3.trainer import ckpt_order
 
-    return torch.load(sorted((run_dir / "ckpt").glob("v*.pt"), key=ckpt_order)[-1], weights_only=True)
+    path = sorted((run_dir / "ckpt").glob("v*.pt"), key=ckpt_order)[-1]
+    if config.load(run_dir).policy.name == "emulated":
+        from rlvla3.policies.emulated import EmulatedLearner
+        return EmulatedLearner.load(path)
+    import torch
+
+    return torch.load(path, weights_only=True)
 
 
 def check_every_shard_consumed_once(run_dir: Path, versions: int, rollout_batch: int) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from rlvla3 import shards
 from rlvla3.launch import compose, mpi_env, mpiexec_command, prepare_run_dir
+from rlvla3.metrics import read_summaries
 from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
@@ -29,6 +30,9 @@ def test_end_to_end_both_modes(tmp_path, mode):
     assert max(stale) <= (0 if mode == "sync" else 1)
     assert "version    3" in proc.stdout
     assert (run / "config.yaml").exists() and list((run / "metrics").glob("rank*.jsonl"))
+    # Simulator ranks never import torch; policy ranks do (the emulated test relies on this record).
+    for r in read_summaries(run):
+        assert ("torch" in r["heavy_modules"]) == (r["role"] != "simulator"), r
 
 
 def test_colocated_sync_and_eta0_barrier(tmp_path):

@@ -3,8 +3,9 @@ using CPU. It lets the real runtime (MPI, batching, shards, training) run many e
 cores, with the heavy-tailed step times and slow resets real simulators have, so throughput
 can be measured where the simulator itself is not the point.
 
-Step latency ~ LogNormal(log(step_ms), step_sigma); every episode end adds `reset_ms`.
-Observations are random frames; reward is 1 with a small probability (success) at episode end.
+Step latency ~ LogNormal(log(step_ms), step_sigma); episodes last exactly `horizon` steps (as
+the planner's profiles assume) and every episode end adds `reset_ms`. Observations are random
+frames; the last step succeeds (reward 1, terminated) with probability `success_rate`.
 """
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ class EmulatedEnv:
 
     def reset(self, seed: int) -> Obs:
         self.rng = np.random.default_rng(seed)
+        self.t = 0
         return self._obs()
 
     def step(self, action: np.ndarray):
         delay = self.c.step_ms / 1000.0 * float(np.exp(self.c.step_sigma * self.rng.standard_normal()))
-        success = bool(self.rng.random() < 0.02)
+        self.t += 1
+        success = self.t >= self.c.horizon and bool(self.rng.random() < self.c.success_rate)
         return self._obs(), float(success), success, success, delay
 
     def _obs(self) -> Obs:

@@ -11,6 +11,8 @@ Later families (action chunks, flow-matching heads) extend this interface.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 from torch import nn
@@ -57,3 +59,34 @@ def load_flat_params(model: nn.Module, flat: np.ndarray) -> None:
     vec = torch.from_numpy(flat)
     with torch.no_grad():
         torch.nn.utils.vector_to_parameters(vec.to(next(model.parameters()).device), list(model.parameters()))
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"policy.device={setting} but this rank sees no CUDA device "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch {torch.__version__}); "
+                           "use policy.device=auto or cpu")
+    return torch.device(setting)
+
+
+class TorchActor:
+    """The Generator's side of a torch policy: numpy in, numpy out, weights as one flat buffer."""
+
+    def __init__(self, policy: Policy, device_setting: str):
+        self.device = pick_device(device_setting)
+        self.policy = policy.to(self.device).eval()
+        self.n_params = sum(p.numel() for p in self.policy.parameters())
+
+    def load(self, flat: np.ndarray) -> None:
+        load_flat_params(self.policy, flat)
+
+    def act(self, obs: dict[str, np.ndarray], noise: np.ndarray):
+        """(action tokens, log-prob, value) as numpy for a batch of observations."""
+        t = {k: torch.from_numpy(v).to(self.device) for k, v in obs.items()}
+        tok, logp, value = self.policy.act(t["images"], t["proprio"], t["tokens"], torch.from_numpy(noise).to(self.device))
+        return tok.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
+
+    def to_env_action(self, action_tokens: np.ndarray) -> np.ndarray:
+        return self.policy.to_env_action(action_tokens)

@@ -1,0 +1,255 @@
+"""The Trainer's compute half for torch policies: shard rows, the decoupled PPO step, the
+data-parallel all-reduce, π_prox, and the model/optimizer part of checkpoints.
+
+The Trainer (trainer.py) decides *what* each optimizer step trains and owns versions, credits,
+the ledger and logs; a learner decides *how*. `policies/emulated.py` has the same interface
+without torch (it sleeps for the profiled cost), so Trainer ranks can be emulated.
+
+Interface (both learners):
+    connect(transport, train_ranks)      data-parallel group (Trainer 0 picks the address)
+    preload(name)                        read a shard ahead of its optimizer step (overlap)
+    bad                                  shards found corrupt (quarantined, trained as absent)
+    train(slices, version) -> totals     one optimizer step; totals = [rows, *LOSS_KEYS] summed
+                                         over all Trainers (identical on every Trainer)
+    forget(names)                        drop rows of a finished rollout step
+    new_version()                        freeze π_prox for the rollout step that starts
+    weights() -> float32[n]              flat parameters to publish
+    state(mid_version) / load_state(s)   the learner's part of a checkpoint
+    save(state, path) / load(path)       the checkpoint file format
+    digest()                             sha256 of the parameters (DP ranks must agree)
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import shards
+from .algo import decoupled_ppo_loss, gae
+from .policies import make_policy
+from .policies.base import flat_params, pick_device
+from .protocol import Slice, Tag
+from .trainer import LOSS_KEYS
+ROW_KEYS = ("images", "proprio", "tokens", "action_tokens", "logp_behav", "logp_prox", "adv", "ret")
+
+
+@dataclass
+class Rows:
+    """A loaded shard, flattened to rows (row = t * n_envs + env), ready for training."""
+
+    images: torch.Tensor
+    proprio: torch.Tensor
+    tokens: torch.Tensor
+    action_tokens: torch.Tensor
+    logp_behav: torch.Tensor
+    logp_prox: torch.Tensor   # NaN until computed (only needed for stale rows)
+    adv: torch.Tensor
+    ret: torch.Tensor
+    versions: torch.Tensor
+
+
+def load_rows(path: Path, gamma: float, lam: float) -> Rows:
+    """Read a shard and compute its advantages and returns (GAE over the segment)."""
+    a, _ = shards.read_shard(path)
+    adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], gamma, lam)
+
+    def flat(x):
+        return torch.from_numpy(np.ascontiguousarray(x.reshape(-1, *x.shape[2:])))
+
+    lb = flat(a["logprobs"])
+    return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), flat(a["action_tokens"]), lb,
+                torch.full_like(lb, float("nan")), flat(adv), flat(ret), flat(a["versions"]))
+
+
+class TorchLearner:
+    def __init__(self, cfg, spec, metrics, n_trainers: int, index: int, shards_dir: Path):
+        self.cfg, self.metrics, self.n, self.index = cfg, metrics, n_trainers, index
+        self.shards_dir = shards_dir
+        self.device = pick_device(cfg.policy.device)
+        self.policy = make_policy(cfg, spec).to(self.device)
+        self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
+        # A Trainer may own no rows of an optimizer step; it still all-reduces (zero) gradients.
+        for p in self.policy.parameters():
+            p.grad = torch.zeros_like(p)
+        self.loaded: dict[str, Rows] = {}
+        self.bad: set[str] = set()
+        self.version = 0   # the version being trained (set by each `train`)
+        self.prox = self._snapshot()
+
+    # ------------------------------------------------------------ setup
+    def connect(self, transport, train_ranks: list[int]) -> None:
+        """Data-parallel group over the Trainer ranks: Trainer 0 picks a port and tells the rest."""
+        if self.n == 1:
+            return
+        import torch.distributed as dist
+
+        if self.index == 0:
+            s = socket.socket()
+            s.bind(("", 0))
+            addr = (socket.gethostname(), s.getsockname()[1])
+            s.close()
+            for r in train_ranks[1:]:
+                transport.send(r, Tag.PLAN, addr)
+        else:
+            addr = transport.recv(train_ranks[0], Tag.PLAN, self.cfg.runtime.startup_timeout, "process-group address")
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{addr[0]}:{addr[1]}", rank=self.index,
+                                world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.liveness_timeout))
+
+    def _snapshot(self):
+        """π_prox: the weights at the start of the rollout step (only stale rows need it)."""
+        return copy.deepcopy(self.policy).eval() if self.cfg.mode.eta > 0 else None
+
+    # ------------------------------------------------------------ data
+    def preload(self, name: str) -> Rows | None:
+        if name in self.loaded or name in self.bad:
+            return self.loaded.get(name)
+        path = self.shards_dir / name
+        try:
+            with self.metrics.timed("load_shard", shard=name):
+                self.loaded[name] = load_rows(path, self.cfg.algo.gamma, self.cfg.algo.gae_lambda)
+        except shards.ShardError as e:
+            shards.quarantine(path, str(e))
+            self.bad.add(name)
+            self.metrics.scalar("bad_shards", len(self.bad))
+            return None
+        return self.loaded[name]
+
+    def forget(self, names) -> None:
+        for name in names:
+            self.loaded.pop(name, None)
+
+    def new_version(self) -> None:
+        self.prox = self._snapshot()
+
+    # ------------------------------------------------------------ one optimizer step
+    def train(self, slices: tuple[Slice, ...], version: int) -> np.ndarray:
+        self.version = version
+        batch = self._gather([s for s in slices if s.owner == self.index])
+        self.opt.zero_grad(set_to_none=False)
+        sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
+        count = 0
+        if self.cfg.algo.norm_adv:
+            self._normalize_adv(batch)
+        if batch is not None:
+            count = batch["adv"].shape[0]
+            for i in range(0, count, self.cfg.algo.micro_batch):
+                mb = {k: v[i:i + self.cfg.algo.micro_batch].to(self.device) for k, v in batch.items()}
+                terms = self._loss(mb)
+                terms.total.backward()
+                sums[1:] += torch.tensor([float(getattr(terms, k)) for k in LOSS_KEYS], dtype=torch.float64)
+        sums[0] = count
+        total = self._allreduce(sums)
+        if total[0] > 0:
+            for p in self.policy.parameters():
+                p.grad.div_(float(total[0]))
+            if self.cfg.algo.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.algo.max_grad_norm)
+            self.opt.step()
+        return total.numpy()
+
+    def _normalize_adv(self, batch: dict[str, torch.Tensor] | None) -> None:
+        """A <- (A - mean) / std over the whole global batch (PPO's usual normalisation; it keeps
+        the policy step size independent of the reward scale)."""
+        adv = batch["adv"].double() if batch is not None else torch.zeros(0, dtype=torch.float64)
+        n, s, ss = self._allreduce_stats(torch.stack([torch.tensor(float(adv.numel())), adv.sum(), (adv * adv).sum()]))
+        if n < 2:
+            return
+        mean = s / n
+        std = float(max(ss / n - mean * mean, 0.0)) ** 0.5
+        if batch is not None:
+            batch["adv"] = ((adv - mean) / (std + 1e-8)).float()
+
+    def _allreduce_stats(self, stats: torch.Tensor) -> list[float]:
+        """Sum a few float64 statistics over Trainers (no gradients involved)."""
+        if self.n > 1:
+            import torch.distributed as dist
+
+            stats = stats.to(self.device)
+            dist.all_reduce(stats)
+        return stats.cpu().tolist()
+
+    def _gather(self, mine: list[Slice]) -> dict[str, torch.Tensor] | None:
+        parts = []
+        for s in mine:
+            rows = self.preload(s.name)
+            if rows is None:
+                continue
+            self._fill_prox(rows, s.start, s.stop)
+            parts.append({k: getattr(rows, k)[s.start:s.stop] for k in ROW_KEYS})
+        if not parts:
+            return None
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def _fill_prox(self, rows: Rows, start: int, stop: int) -> None:
+        """log π_prox for rows [start, stop): the behaviour log-prob for fresh rows (produced by
+        this very version), the frozen step-start model for stale ones (computed once, cached)."""
+        sl = slice(start, stop)
+        todo = torch.isnan(rows.logp_prox[sl])
+        if not todo.any():
+            return
+        fresh = rows.versions[sl] >= self.version
+        rows.logp_prox[sl] = torch.where(fresh, rows.logp_behav[sl], rows.logp_prox[sl])
+        stale = torch.nonzero(todo & ~fresh)[:, 0] + start
+        if len(stale):
+            with torch.no_grad():
+                lp, _, _ = self.prox.evaluate(rows.images[stale].to(self.device), rows.proprio[stale].to(self.device),
+                                              rows.tokens[stale].to(self.device), rows.action_tokens[stale].to(self.device))
+            rows.logp_prox[stale] = lp.cpu()
+
+    def _loss(self, mb):
+        a = self.cfg.algo
+        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["action_tokens"])
+        return decoupled_ppo_loss(logp, mb["logp_prox"], mb["logp_behav"], mb["adv"], value, mb["ret"], ent,
+                                  a.clip, a.behaviour_clip, a.vf_coef, a.ent_coef)
+
+    def _allreduce(self, sums: torch.Tensor) -> torch.Tensor:
+        """Sum gradients and loss statistics over Trainers in one collective."""
+        if self.n == 1:
+            return sums
+        import time
+
+        import torch.distributed as dist
+
+        grads = [p.grad.reshape(-1) for p in self.policy.parameters()]
+        buf = torch.cat([*grads, sums.to(grads[0].device, grads[0].dtype)])
+        t0 = time.time()
+        dist.all_reduce(buf)
+        self.metrics.span("comm", t0, time.time() - t0, what="allreduce", bytes=buf.numel() * buf.element_size())
+        off = 0
+        for p in self.policy.parameters():
+            p.grad.copy_(buf[off:off + p.numel()].view_as(p))
+            off += p.numel()
+        return buf[off:].to(torch.float64).cpu()
+
+    # ------------------------------------------------------------ weights and checkpoints
+    def weights(self) -> np.ndarray:
+        return flat_params(self.policy)
+
+    def digest(self) -> str:
+        return hashlib.sha256(flat_params(self.policy).tobytes()).hexdigest()
+
+    def state(self, mid_version: bool) -> dict:
+        out = {"model": self.policy.state_dict(), "optimizer": self.opt.state_dict()}
+        if mid_version and self.prox is not None:
+            out["prox"] = self.prox.state_dict()
+        return out
+
+    def load_state(self, state: dict) -> None:
+        self.policy.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        if self.prox is not None:
+            # Mid-version: π_prox as saved; at a version boundary it equals the model.
+            self.prox.load_state_dict(state.get("prox", state["model"]))
+
+    def save(self, state: dict, path: Path) -> None:
+        torch.save(state, path)
+
+    def load(self, path: Path) -> dict:
+        return torch.load(path, map_location=self.device, weights_only=True)

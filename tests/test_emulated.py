@@ -1,0 +1,36 @@
+"""The real engine with emulated costs: many ranks, no torch and no simulator in any rank."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from rlvla3.launch import mpi_env, mpiexec_command
+from rlvla3.metrics import read_summaries
+from tests.conftest import assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
+from tests.test_engine import _resume_cfg
+
+pytestmark = [needs_mpi, pytest.mark.slow]
+
+EMULATED = ["+experiment=emulated", "env.num_envs=8", "env.horizon=12", "env.step_ms=4", "env.reset_ms=10",
+            "algo.segment_steps=8", "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32",
+            "algo.max_versions=3", "cluster.sim_ranks=2", "cluster.gen_ranks=2", "cluster.train_ranks=2",
+            "policy.train_samples_per_s=4000", "runtime.liveness_timeout=20"]
+
+
+def test_emulated_ranks_import_neither_torch_nor_a_simulator_and_train_every_row(tmp_path):
+    p, run = run_engine(tmp_path, EMULATED, name="emu")
+    assert_ok(p)
+    ranks = read_summaries(run)
+    assert len(ranks) == 6, f"expected 6 rank summaries, got {len(ranks)}"
+    for r in ranks:
+        assert r["heavy_modules"] == [], f"rank {r['rank']} ({r['role']}) imported {r['heavy_modules']}"
+    check_every_shard_consumed_once(run, 3, 64)
+    assert summary(run)["versions"] == 3
+    # The data-parallel Trainers stay in step: same (emulated) parameters.
+    assert (run / "params-trainer0.sha256").read_text() == (run / "params-trainer1.sha256").read_text()
+    # Emulated checkpoints resume like real ones.
+    p = subprocess.run(mpiexec_command(*_resume_cfg(run, 5)), env=mpi_env(), capture_output=True, text=True, timeout=240)
+    assert_ok(p)
+    assert "resumed from v000003.pt" in p.stdout
+    check_every_shard_consumed_once(run, 5, 64)
