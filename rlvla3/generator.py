@@ -44,10 +44,12 @@ class Generator:
         self.reply_reqs: dict[int, object] = {}
         self.busy: set[int] = set()            # groups with a request received and not yet answered
         self.held: list[Request] = []          # ACT requests beyond the credits
-        sync = not cfg.mode.env_level
-        served = sum(g.size for g in self.groups.values())
-        # Sync baseline: wait for every group served (one full batch per env step).
-        self.batcher = DynamicBatcher(served if sync else d.b_max, float("inf") if sync else cfg.generator.t_max_ms / 1e3)
+        # Sync baseline (lockstep): wait for every group served, then forward them all in B_max
+        # chunks; async: the dynamic batcher closes batches on B_max or T_max.
+        self.lockstep = not cfg.mode.env_level
+        self.served = sum(g.size for g in self.groups.values())
+        self.draining = False
+        self.batcher = DynamicBatcher(d.b_max, float("inf") if self.lockstep else cfg.generator.t_max_ms / 1e3)
         self.version, self.granted_until = -1, -1
         self.weights_buf = np.zeros(self.actor.n_params, np.float32)
         self.sims = sorted({g.sim_rank for g in self.groups.values()})
@@ -112,6 +114,14 @@ class Generator:
             self._admit(req)
 
     # ------------------------------------------------------------ inference
+    def _batch_ready(self) -> bool:
+        if not self.lockstep:
+            return self.batcher.ready(time.monotonic())
+        if self.batcher.samples >= self.served:
+            self.draining = True   # every group's request is in: serve the round
+        self.draining &= bool(self.batcher.queue)
+        return self.draining
+
     def _serve_batch(self) -> None:
         wait = time.monotonic() - self.batcher.queue[0].arrived
         batch = self.batcher.pop()
@@ -157,7 +167,7 @@ class Generator:
             return False
         work = self._poll_weights()
         work |= self._poll_requests()
-        if self.batcher.ready(time.monotonic()):
+        if self._batch_ready():
             self._serve_batch()
             work = True
         self._poll_control()

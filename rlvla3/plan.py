@@ -1,5 +1,6 @@
 """`python -m rlvla3.plan show|ladder --profile conf/profile/X.yaml --gpus G`
    `python -m rlvla3.plan profile <run folder> [--profile out.yaml]`
+   `python -m rlvla3.plan validate [--profile P] [--ranks 8,16,32] [--modes sync,async]`
 
     profile measure a planner profile from a finished run folder (rlvla3/profiling.py)
 
@@ -8,8 +9,10 @@
             writes it as a cluster config the launcher accepts (`cluster=planned_G`).
     ladder  the models' predicted ablation ladder (sync colocated -> ... -> +streaming) beside
             the paper's published LIBERO + pi0.5 rows at 32 GPUs.
+    validate  the models against the engine: predicted vs measured env steps/s for layouts of N
+            ranks, the engine running emulated costs of the profile (rlvla3/validate.py).
 
-All numbers are model predictions from the profile; none is a measurement of this engine.
+show and ladder print model predictions from the profile; validate also measures the engine.
 """
 from __future__ import annotations
 
@@ -123,10 +126,37 @@ def measure(args) -> int:
     return 0
 
 
+def validate(args) -> int:
+    import json
+    import tempfile
+
+    from . import validate as V
+
+    profile = P.load_profile(args.profile or Path(__file__).parent.parent / "conf/profile/emulated_validation.yaml")
+    out = args.out or Path(tempfile.mkdtemp(prefix="rlvla3-validate-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for ranks in (int(r) for r in args.ranks.split(",")):
+            for mode in args.modes.split(","):
+                rows.append(V.measure(profile, ranks, mode, out, args.seed))
+                r = rows[-1]
+                print(f"  {mode:5s} {ranks:3d} ranks: engine {r['measured']:7.1f} steps/s, DES {r['des']:7.1f} "
+                      f"({r['err_des']:+.1%}), analytic {r['analytic']:7.1f} ({r['err_analytic']:+.1%})", flush=True)
+    except P.PlannerError as e:
+        print(f"plan error: {e}", file=sys.stderr)
+        return 2
+    print(f"profile {profile.name}: predicted vs measured env steps/s (error = predicted / measured - 1)")
+    print(V.table(rows))
+    (out / "validate.json").write_text(json.dumps(rows, indent=1))
+    print(f"run folders and validate.json: {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("show", "ladder", "profile"))
+    ap.add_argument("command", choices=("show", "ladder", "profile", "validate"))
     ap.add_argument("run", nargs="?", type=Path, help="profile: the run folder to measure")
     ap.add_argument("--profile", type=Path, help="planner profile YAML (conf/profile/*.yaml); profile: where to write it")
     ap.add_argument("--gpus", type=int, help="GPU budget (whole GPU nodes)")
@@ -135,9 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--des-checks", type=int, default=P.DES_CHECKS, help="best analytic candidates re-checked by the DES")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--write", type=Path, default=None, help="show: write the plan as a cluster config here")
+    ap.add_argument("--ranks", default="8,16,32", help="validate: rank counts (multiples of 4)")
+    ap.add_argument("--modes", default="sync,async", help="validate: sync, async or both")
+    ap.add_argument("--out", type=Path, default=None, help="validate: folder for the run folders and validate.json")
     args = ap.parse_args(argv)
     if args.command == "profile":
         return measure(args)
+    if args.command == "validate":
+        return validate(args)
     if args.profile is None or args.gpus is None:
         ap.error(f"{args.command} needs --profile and --gpus")
     try:

@@ -919,11 +919,27 @@ def ladder_layouts(profile: Profile, gpus: int, cpu_cores: int | None = None) ->
 # ---------------------------------------------------------------- Hydra overrides
 
 
+def run_overrides(layout: Layout, sharding: list[list[int]]) -> dict:
+    """The engine settings of `layout` (envs, sharding, batch sizes, batcher, mode switches)."""
+    out = {
+        "env": {"num_envs": layout.num_envs},
+        "sharding": {"plan": sharding},
+        "algo": {"rollout_batch": layout.rollout_batch, "global_batch": layout.global_batch,
+                 "micro_batch": min(MICRO_BATCH, layout.global_batch), "segment_steps": SEGMENT_STEPS},
+        "generator": {"b_max": layout.b_max, "t_max_ms": float(layout.t_max_ms)},
+        "mode": {"env_level": layout.env_level, "overlap": layout.overlap, "streaming": layout.streaming,
+                 "eta": layout.eta, "placement": layout.placement},
+    }
+    if layout.b_max > PolicyConfig().max_batch:
+        out["policy"] = {"max_batch": layout.b_max}
+    return out
+
+
 def overrides(profile: Profile, layout: Layout, name: str) -> dict:
     """The cluster config the launcher accepts for `layout` (same keys as conf/cluster/slurm_*.yaml;
     partitions are placeholders that conf/site/local.yaml overrides)."""
     plan = sharding_plan(profile, layout)
-    out = {
+    cluster = {
         "cluster": {
             "name": name,
             "sim_ranks": len(plan),
@@ -938,16 +954,19 @@ def overrides(profile: Profile, layout: Layout, name: str) -> dict:
             "gpu_partition": "gpu",
             "time": "04:00:00",
         },
-        "env": {"num_envs": layout.num_envs},
-        "sharding": {"plan": plan},
-        "algo": {"rollout_batch": layout.rollout_batch, "global_batch": layout.global_batch,
-                 "micro_batch": min(MICRO_BATCH, layout.global_batch), "segment_steps": SEGMENT_STEPS},
-        "generator": {"b_max": layout.b_max, "t_max_ms": float(layout.t_max_ms)},
-        "mode": {"eta": layout.eta, "placement": layout.placement},
     }
-    if layout.b_max > PolicyConfig().max_batch:
-        out["policy"] = {"max_batch": layout.b_max}
-    return out
+    return {**cluster, **run_overrides(layout, plan)}
+
+
+def emulation_overrides(profile: Profile) -> dict:
+    """env=emulated policy=emulated settings that make the engine pay `profile`'s costs."""
+    return {
+        "env": {"name": "emulated", "step_ms": profile.step_ms, "step_sigma": profile.step_sigma,
+                "reset_ms": profile.reset_ms, "horizon": profile.episode_steps},
+        "policy": {"name": "emulated", "infer_fixed_ms": profile.infer_fixed_ms,
+                   "infer_per_sample_ms": profile.infer_per_sample_ms, "max_batch": profile.max_batch,
+                   "train_samples_per_s": profile.train_samples_per_s, "weight_sync_ms": profile.weight_sync_ms},
+    }
 
 
 def override_strings(tree: dict) -> list[str]:

@@ -73,3 +73,19 @@ def test_messages_round_trip_over_mpiexec(tmp_path):
                           str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ROUNDTRIP OK" in out.stdout
+
+
+def test_take_rows_balances_trainers_to_the_row():
+    from rlvla3.trainer import take_rows
+
+    order = [("a", 5), ("b", 5), ("c", 5)]
+    slices, cursor = take_rows(order, (0, 2), 9, 2)
+    per = {0: 0, 1: 0}
+    for s in slices:
+        per[s.owner] += s.stop - s.start
+    assert per == {0: 4, 1: 5} and cursor == (2, 1)
+    covered = [(s.name, r) for s in slices for r in range(s.start, s.stop)]
+    assert covered == [("a", 2), ("a", 3), ("a", 4)] + [("b", r) for r in range(5)] + [("c", 0)]
+    # Fewer rows than Trainers left: the rest own nothing this step; the order is exhausted.
+    slices, cursor = take_rows([("a", 2)], (0, 0), 9, 3)
+    assert [(s.start, s.stop, s.owner) for s in slices] == [(0, 2, 0)] and cursor == (1, 0)

@@ -1,0 +1,101 @@
+"""`python -m rlvla3.plan validate`: the planner's models against the real engine.
+
+For each rank count N and mode (sync, async), a planner `Layout` of N ranks (N/2 Simulators of
+two groups of 4 envs, N/4 Generators, N/4 Trainers) is predicted by the analytic model and the
+DES, and then run by the engine itself (`python -m rlvla3.launch` machinery: mpiexec, real MPI
+messages, batching, credits, zarr shards, plans, weight transfer) with `env=emulated
+policy=emulated` paying the same profile's costs by sleeping. Emulated ranks import no torch,
+so 32 ranks fit on 2 cores. The engine's throughput is its steady state (versions after the
+first, as `rlvla3.bench` measures it); error = predicted / measured - 1.
+
+Sync rows are the disaggregated lockstep baseline (η = 0, train after rollout); async rows are
+env-level groups with overlap, streaming and η = 1.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+
+from . import planner as P
+
+GROUP_SIZE = 4
+GROUPS_PER_SIM = 2
+ASYNC_B_MAX = 16
+ASYNC_T_MAX_MS = 5.0
+VERSIONS = {"sync": 4, "async": 6}
+"""Versions per engine run; the first is start-up and is not measured."""
+LOAD_LIMIT = 0.7
+"""Engine CPU-seconds per wall-second per core above which the measurement is marked: the
+engine's own work (messages, shard writes) then delays the emulated costs and the model, which
+has no CPU term, is not comparable."""
+
+
+def layout_for(ranks: int, mode: str) -> P.Layout:
+    """N ranks = N/2 Simulators + N/4 Generators + N/4 Trainers."""
+    if ranks < 4 or ranks % 4:
+        raise P.PlannerError(f"ranks={ranks}: use a multiple of 4 (N/2 Simulators, N/4 Generators, N/4 Trainers)")
+    gens = ranks // 4
+    envs_per_gen = 2 * GROUPS_PER_SIM * GROUP_SIZE  # two Simulator ranks per Generator
+    if mode == "sync":
+        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, envs_per_gen, 0.0, 0,
+                        env_level=False, overlap=False, streaming=False)
+    if mode == "async":
+        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, ASYNC_B_MAX, ASYNC_T_MAX_MS, 1)
+    raise P.PlannerError(f"mode={mode!r}: use sync or async")
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def engine_overrides(profile: P.Profile, layout: P.Layout, mode: str) -> list[str]:
+    sims = layout.num_envs // (GROUPS_PER_SIM * GROUP_SIZE)
+    tree = _merge(P.run_overrides(layout, [[GROUP_SIZE] * GROUPS_PER_SIM] * sims), P.emulation_overrides(profile))
+    tree = _merge(tree, {
+        "cluster": {"sim_ranks": sims, "gen_ranks": layout.gen_gpus, "train_ranks": layout.train_gpus},
+        "algo": {"max_versions": VERSIONS[mode]},
+        "mode": {"name": mode},
+        "runtime": {"tensorboard": False, "progress": False, "liveness_timeout": 120.0, "startup_timeout": 300.0},
+    })
+    return P.override_strings(tree)
+
+
+def measure(profile: P.Profile, ranks: int, mode: str, root: Path, seed: int = 0) -> dict:
+    from .bench import steady_throughput
+    from .launch import compose, run_local
+    from .metrics import read_summaries
+
+    lay = layout_for(ranks, mode)
+    analytic = P.analytic(profile, lay).steps_per_s
+    des = P.simulate(profile, lay, seed)
+    cfg = compose(["+experiment=emulated", *engine_overrides(profile, lay, mode)])
+    run = root / f"{mode}-{ranks}"
+    t0 = time.monotonic()
+    proc = run_local(cfg, run, timeout=900, capture=True)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} at {ranks} ranks: engine run failed (exit {proc.returncode}); see {run}\n"
+                           f"{proc.stderr[-3000:]}")
+    history = json.loads((run / "summary.json").read_text())["history"]
+    measured = steady_throughput(history)
+    cpu = sum(r["cpu_s"] + r["cpu_children_s"] for r in read_summaries(run))
+    load = cpu / wall / (os.cpu_count() or 1)
+    return {"ranks": ranks, "mode": mode, "envs": lay.num_envs, "analytic": analytic, "des": des.steps_per_s,
+            "measured": measured, "err_analytic": analytic / measured - 1, "err_des": des.steps_per_s / measured - 1,
+            "cpu_load": load, "wall_s": wall, "run": str(run), "layout": dataclasses.asdict(lay)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'ranks':>5s} {'mode':5s} {'envs':>5s} {'analytic':>9s} {'DES':>9s} {'engine':>9s} "
+             f"{'err analytic':>12s} {'err DES':>8s} {'CPU load':>8s}"]
+    for r in rows:
+        mark = "  (CPU-bound: informational)" if r["cpu_load"] > LOAD_LIMIT else ""
+        lines.append(f"{r['ranks']:5d} {r['mode']:5s} {r['envs']:5d} {r['analytic']:9.1f} {r['des']:9.1f} "
+                     f"{r['measured']:9.1f} {r['err_analytic']:+11.1%} {r['err_des']:+7.1%} {r['cpu_load']:8.2f}{mark}")
+    return "\n".join(lines)
