@@ -6,6 +6,8 @@ Writes into the run folder:
   batches.png  / batches.csv     Generator batch sizes (samples per forward) and forward times
   staleness.png / staleness.csv  per sample: rollout step minus the behaviour version (from shards)
   learning.png / learning.csv    success rate and env steps per version (summary.json)
+  window.png   / window.csv      the batching window each Generator chose over time (only for
+                                 runs with generator.adapt_batch, which log scalar t_max_ms)
 Span times are already on rank 0's clock (metrics.py applies each rank's measured offset).
 """
 from __future__ import annotations
@@ -20,6 +22,12 @@ import numpy as np
 
 SPAN_COLORS = {"sim_step": "C0", "reset": "C9", "wait_action": "0.85", "infer": "C1", "batch_wait": "0.7",
                "train": "C2", "load_shard": "C5", "weight_sync": "C3", "shard_write": "C4", "comm": "C6"}
+
+
+def read_records(run: Path, kind: str):
+    from rlvla3.metrics import read_records
+
+    return read_records(run, kind)
 
 
 def read_spans(run: Path) -> list[dict]:
@@ -83,6 +91,20 @@ def plot_hist(pairs: list[tuple[float, float]], xlabel: str, title: str, out: Pa
     plt.close(fig)
 
 
+def plot_window(windows: list[dict], t0: float, out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for rank in sorted({w["rank"] for w in windows}):
+        mine = [w for w in windows if w["rank"] == rank]
+        ax.plot([w["t"] - t0 for w in mine], [w["t_max_ms"] for w in mine], marker=".", label=f"generator rank {rank}")
+    ax.set(xlabel="seconds (rank 0 clock)", ylabel="T_max (ms)", title="Online batching window")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -115,6 +137,11 @@ def main() -> None:
     ax.set(xlabel="env steps", ylabel="success rate", title="Learning curve")
     fig.tight_layout()
     fig.savefig(run / "learning.png", dpi=110)
+    windows = [{"rank": rank, "t": rec["t"], "t_max_ms": rec["v"], "samples_per_s": rec.get("rate", "")}
+               for rank, _, rec in read_records(run, "scalar") if rec["n"] == "t_max_ms"]
+    if windows:
+        write_csv(run / "window.csv", windows)
+        plot_window(windows, min(s["start"] for s in spans), run / "window.png")
     print(f"{len(spans)} spans from {len({s['rank'] for s in spans})} ranks; batch sizes {dict(sorted(sizes.items()))}; "
           f"staleness {dict(sorted(stale.items()))}; wrote timeline/batches/staleness/learning .png + .csv in {run}")
 

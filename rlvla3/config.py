@@ -172,7 +172,11 @@ class GeneratorConfig:
     b_max: int = 16
     """Dynamic batcher: close a batch at this many samples (capped at policy.max_batch)."""
     t_max_ms: float = 5.0
-    """Dynamic batcher: close a batch this long after its first request arrived."""
+    """Dynamic batcher: close a batch this long after its first request arrived (with
+    adapt_batch: the longest window the tuner may choose)."""
+    adapt_batch: int = 0
+    """Online batching window: 0 keeps t_max_ms fixed; N > 0 re-tunes the window 4x a second to
+    the time N samples take to arrive at the observed rate (logged as scalar t_max_ms)."""
 
 
 @dataclass(frozen=True)
@@ -430,6 +434,8 @@ def validate(cfg: RunConfig) -> None:
                  f"colocated placement puts one Trainer on each Generator rank: set it to cluster.gen_ranks={c.gen_ranks}")
     _require(cfg.generator.b_max >= 1, "generator.b_max", cfg.generator.b_max, "must be >= 1")
     _require(cfg.generator.t_max_ms >= 0, "generator.t_max_ms", cfg.generator.t_max_ms, "must be >= 0")
+    _require(0 <= cfg.generator.adapt_batch <= min(cfg.generator.b_max, p.max_batch), "generator.adapt_batch",
+             cfg.generator.adapt_batch, "use 0 (off) or a target batch <= min(generator.b_max, policy.max_batch)")
     if c.name != "local":
         validate_slurm(cfg)
     plan = sharding_plan(cfg)

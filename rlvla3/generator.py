@@ -17,7 +17,7 @@ import numpy as np
 from .config import Derived, RunConfig
 from .envs import spec
 from .policies import make_actor
-from .batcher import DynamicBatcher
+from .batcher import DynamicBatcher, WindowTuner
 from .protocol import Done, Kind, Stop, Tag, WeightsHeader, action_codec, obs_codec
 
 
@@ -50,6 +50,11 @@ class Generator:
         self.served = sum(g.size for g in self.groups.values())
         self.draining = False
         self.batcher = DynamicBatcher(d.b_max, float("inf") if self.lockstep else cfg.generator.t_max_ms / 1e3)
+        # At most `served` samples can ever be waiting (each group has one request in flight): a
+        # larger target would only push the window to its cap, so the target is capped there.
+        adapt = cfg.generator.adapt_batch and not self.lockstep
+        target = min(cfg.generator.adapt_batch, self.served)
+        self.tuner = WindowTuner(target, cfg.generator.t_max_ms / 1e3) if adapt else None
         self.version, self.granted_until = -1, -1
         self.weights_buf = np.zeros(self.actor.n_params, np.float32)
         self.sims = sorted({g.sim_rank for g in self.groups.values()})
@@ -97,6 +102,7 @@ class Generator:
             _, seq, step, kind = self.obs_codec.header(buf)
             req = Request(gid, g.size, time.monotonic(), seq, step, kind, self.obs_codec.unpack(buf, g.size))
             self.busy.add(gid)
+            self._tune(req)
             self._admit(req)
         return work
 
@@ -105,6 +111,12 @@ class Generator:
             self.batcher.add(req)
         else:
             self.held.append(req)
+
+    def _tune(self, req: Request) -> None:
+        """Online batching window: follow the arrival rate (generator.adapt_batch)."""
+        if self.tuner is not None and self.tuner.observe(req.arrived, req.n):
+            self.batcher.t_max = self.tuner.window
+            self.metrics.scalar("t_max_ms", self.tuner.window * 1e3, rate=self.tuner.rate)
 
     def _release_held(self) -> None:
         held, self.held = self.held, []
@@ -155,6 +167,10 @@ class Generator:
             "action": self.actor.to_env_action(tok), "action_tokens": tok, "logprob": logp, "value": value})
         self.reply_reqs[r.gid] = self.transport.isend_buf(g.sim_rank, Tag.ACTION + r.gid, buf)
         self.busy.discard(r.gid)
+
+    def deadline(self) -> float | None:
+        """When the open batch closes on T_max (monotonic), if one is open."""
+        return None if self.lockstep else self.batcher.deadline()
 
     def describe(self) -> str:
         return (f"generator version {self.version} credits<=step {self.granted_until}: batcher "

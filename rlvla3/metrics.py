@@ -79,21 +79,24 @@ class Metrics:
         return summary
 
 
-def read_spans(run_dir: str | Path):
-    """Every span of a run folder as (rank, role, record), rank by rank."""
+def read_records(run_dir: str | Path, kind: str):
+    """Every record of `kind` ("span", "scalar", "summary") of a run folder as (rank, role,
+    record), rank by rank."""
     for f in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
         role = "?"
         for line in f.read_text().splitlines():
             rec = json.loads(line)
             if rec["k"] == "meta":
                 role = rec["role"]
-            elif rec["k"] == "span":
+            elif rec["k"] == kind:
                 yield int(f.stem[4:]), role, rec
+
+
+def read_spans(run_dir: str | Path):
+    """Every span of a run folder as (rank, role, record), rank by rank."""
+    return read_records(run_dir, "span")
 
 
 def read_summaries(run_dir: str | Path) -> list[dict]:
     """The exit summary of every rank that finished (rank order)."""
-    out = []
-    for f in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
-        out += [rec for rec in map(json.loads, f.read_text().splitlines()) if rec["k"] == "summary"]
-    return out
+    return [rec for _, _, rec in read_records(run_dir, "summary")]

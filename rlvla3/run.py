@@ -165,8 +165,9 @@ def build_roles(cfg, d, tr, metrics, run: Path, roles: list[str], rank: int, pre
 
 
 def drive(actors: list, tr, preemption: Preemption | None = None, stall_report: float = 10.0) -> None:
-    """Step every role hosted by this rank until all are done; back off when idle. A rank that
-    has made no progress for `stall_report` seconds prints what it is waiting for (once)."""
+    """Step every role hosted by this rank until all are done; back off when idle (never past a
+    role's `deadline()`). A rank that has made no progress for `stall_report` seconds prints what
+    it is waiting for (once)."""
     last_work, reported = time.monotonic(), True  # silent until the first progress (env start-up is slow)
     while not all(a.done for a in actors):
         work = False
@@ -179,7 +180,8 @@ def drive(actors: list, tr, preemption: Preemption | None = None, stall_report: 
             tr.backoff.busy()
             last_work, reported = time.monotonic(), True  # silent until the first progress (env start-up is slow)
         else:
-            tr.backoff.idle()
+            due = [t for t in (a.deadline() for a in actors) if t is not None]
+            tr.backoff.idle(min(due, default=None))
             if not reported and time.monotonic() - last_work > stall_report:
                 print(f"[rank {tr.rank}] no progress for {stall_report:.0f}s: " +
                       "; ".join(a.describe() for a in actors), file=sys.stderr, flush=True)

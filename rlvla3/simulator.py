@@ -16,6 +16,8 @@ With `mode.env_level` off, the groups of a rank advance in lockstep (the sync ba
 from __future__ import annotations
 
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +104,9 @@ class GroupLoop:
             return True
         return False
 
+    def deadline(self) -> float | None:
+        return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
+
     def _send_request(self, kind: Kind) -> None:
         if self.send_req is not None:
             self.sim.transport.wait(self.send_req, self.sim.cfg.runtime.liveness_timeout, self.gen_rank, "obs send")
@@ -181,6 +186,11 @@ class Simulator:
         for g in d.groups_of_sim(self.rank):
             first_seq = sum(1 for n in published if shards.parse_name(n)[1] == g.gid)  # resume after restart
             self.groups.append(GroupLoop(self, g, first_seq))
+        # Shards are written by one background thread (zarr compresses and writes without
+        # holding the groups: a synchronous write blocked every group of the rank for ~90 ms
+        # per segment); each is announced from this thread once it is on disk, in order.
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
+        self.writing: deque = deque()   # (future, ShardReady)
         self.stopped = False
         self.done = False
 
@@ -188,9 +198,9 @@ class Simulator:
         """One pass over the groups; returns True if anything progressed."""
         if self.stopped:
             return False
+        work = self._announce_written()
         # Lockstep (sync): a group sends only when every group of the rank has its next obs ready.
         may_send = self.cfg.mode.env_level or all(g.state == SEND for g in self.groups)
-        work = False
         for g in self.groups:
             work |= g.advance(may_send)
         got = self.transport.poll(Tag.STOP)
@@ -198,30 +208,65 @@ class Simulator:
             self.shutdown(got[1])
         return work
 
+    def deadline(self) -> float | None:
+        """The earliest emulated env result due (monotonic), if any."""
+        return min((t for t in (g.deadline() for g in self.groups) if t is not None), default=None)
+
     def describe(self) -> str:
         names = ["RESETTING", "SEND", "WAIT_ACTION", "STEPPING", "WAIT_BOOTSTRAP"]
-        return "simulator groups: " + ", ".join(f"g{g.g.gid}:{names[g.state]}@seq{g.seq}t{g.t}" for g in self.groups)
+        return ("simulator groups: " + ", ".join(f"g{g.g.gid}:{names[g.state]}@seq{g.seq}t{g.t}" for g in self.groups)
+                + f"; {len(self.writing)} shard(s) being written")
 
     def publish(self, group: GroupLoop, bootstrap: np.ndarray) -> None:
+        """Hand the finished segment to the writer; the group records into a fresh buffer."""
         g = group.g
         name = shards.shard_name(group.step_index, g.gid, group.seq)
         arrays = group.seg.arrays
-        with self.metrics.timed("shard_write", gid=g.gid):
-            shards.write_shard(self.shards_dir, name, arrays, bootstrap, {
-                "producer_rank": self.rank, "group": g.gid, "seq": group.seq, "step": group.step_index,
-                "env_ids": list(range(g.env_offset, g.env_offset + g.size)),
-                "env": self.cfg.env.name, "task": self.cfg.env.task})
+        group.seg = SegmentBuffer.allocate(group.T, g.size, self.spec)
+        attrs = {"producer_rank": self.rank, "group": g.gid, "seq": group.seq, "step": group.step_index,
+                 "env_ids": list(range(g.env_offset, g.env_offset + g.size)),
+                 "env": self.cfg.env.name, "task": self.cfg.env.task}
         v = arrays["versions"]
         msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
                          group.stats["episodes"], group.stats["successes"], group.stats["return_sum"],
                          group.stats["env_errors"], self.rank)
-        for tr in self.d.train_ranks:
-            self.transport.send(tr, Tag.SHARD_READY, msg)
+        self.writing.append((self.writer.submit(self._write, name, arrays, bootstrap, attrs), msg))
+
+    def _write(self, name, arrays, bootstrap, attrs) -> tuple[float, float]:
+        """(writer thread) -> (start, seconds) of the write, for the main thread's metrics."""
+        t0, p0 = time.time(), time.perf_counter()
+        shards.write_shard(self.shards_dir, name, arrays, bootstrap, attrs)
+        return t0, time.perf_counter() - p0
+
+    def _announce_written(self) -> bool:
+        """Announce, in order, the shards now on disk (a failed write raises here: the rank
+        fails loudly and the job with it, as a synchronous write would)."""
+        work = False
+        while self.writing and self.writing[0][0].done():
+            fut, msg = self.writing.popleft()
+            t0, seconds = fut.result()
+            self.metrics.span("shard_write", t0, seconds, gid=msg.gid)
+            for tr in self.d.train_ranks:
+                self.transport.send(tr, Tag.SHARD_READY, msg)
+            work = True
+        return work
+
+    def _finish_writes(self) -> None:
+        deadline = time.monotonic() + self.cfg.runtime.shutdown_timeout
+        while self.writing:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"simulator rank {self.rank}: {len(self.writing)} shard write(s) still running "
+                                   f"after runtime.shutdown_timeout={self.cfg.runtime.shutdown_timeout}s "
+                                   f"(first: {self.writing[0][1].name}); is {self.shards_dir} reachable?")
+            self._announce_written()
+            time.sleep(0.01)
+        self.writer.shutdown()
 
     def shutdown(self, stop: Stop) -> None:
         """Stop on the Trainer's word: drop pending replies, let in-flight requests land (the
         Generators drain until every Simulator said Done), then say Done and close the envs."""
         self.stopped = True
+        self._finish_writes()   # no temporary shard left behind
         for g in self.groups:
             g.cancel()
             if g.send_req is not None:

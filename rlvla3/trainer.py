@@ -284,6 +284,9 @@ class Trainer:
                   f"success {rec['success']:.2f} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f} | "
                   f"staleness<= {rec['staleness_max']} | {rec['t']:.1f}s", flush=True)
 
+    def deadline(self) -> float | None:
+        return None  # the Trainer only waits for messages
+
     def describe(self) -> str:
         arrived = {k: sum(m.rows for m in v) for k, v in self.announced.items()}
         return (f"trainer {self.index} version {self.version}, opt step {self.opt_step}, rows announced per "

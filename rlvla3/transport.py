@@ -26,9 +26,13 @@ class Backoff:
     hi: float
     cur: float = 0.0
 
-    def idle(self) -> None:
+    def idle(self, until: float | None = None) -> None:
+        """Sleep the next backoff step, but not past `until` (time.monotonic()): a rank that
+        knows when its next piece of work is due (a batch deadline, an emulated step) wakes then."""
         self.cur = min(self.hi, max(self.lo, self.cur * 2))
-        time.sleep(self.cur)
+        dt = self.cur if until is None else min(self.cur, until - time.monotonic())
+        if dt > 0:
+            time.sleep(dt)
 
     def busy(self) -> None:
         self.cur = 0.0

@@ -1,7 +1,7 @@
 """Dynamic batcher semantics: B_max counts samples; the clock starts at the first arrival."""
 import pytest
 
-from rlvla3.batcher import DynamicBatcher
+from rlvla3.batcher import DynamicBatcher, WindowTuner
 from rlvla3.generator import Request
 
 
@@ -43,3 +43,33 @@ def test_never_exceeds_b_max_and_next_batch_clock_is_its_own_first_arrival():
 def test_oversized_request_is_refused():
     with pytest.raises(ValueError, match="B_max"):
         DynamicBatcher(b_max=2, t_max=0.0).add(req(0, 3, 0.0))
+
+
+def test_ready_at_its_own_deadline_despite_float_rounding():
+    # (a + 5) - a < 5 in floats for this a: a loop that sleeps until deadline() must then find
+    # the batch ready (the planner's DES once spun forever on zero-length timeouts here).
+    a = 1020.3172822707107
+    assert (a + 5.0) - a < 5.0
+    b = DynamicBatcher(b_max=8, t_max=5.0)
+    b.add(req(0, 1, a))
+    assert b.ready(b.deadline())
+
+
+def test_window_tuner_targets_a_batch_size_at_the_observed_rate():
+    # Requests of 2 samples every 10 ms = 200 samples/s: a batch of 8 needs 6 more samples
+    # after its first request, 30 ms; capped at t_cap; recomputed once per period.
+    t = WindowTuner(target=8, t_cap=0.1, period=0.25)
+    now = 0.0
+    for _ in range(200):
+        now += 0.01
+        t.observe(now, 2)
+    assert abs(t.rate - 200.0) < 1e-6 and abs(t.window - 0.03) < 1e-9
+    t2 = WindowTuner(target=8, t_cap=0.02, period=0.25)
+    for k in range(100):
+        t2.observe(0.01 * (k + 1), 2)
+    assert t2.window == 0.02      # wanted 30 ms, capped at 20 ms
+    # Twice the rate: half the window, after the smoothing has converged.
+    for _ in range(2000):
+        now += 0.005
+        t.observe(now, 2)
+    assert abs(t.window - 0.015) < 1e-3

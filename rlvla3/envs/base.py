@@ -157,6 +157,10 @@ class LocalVecEnv(_GroupBase):
     def ready(self) -> bool:
         return self._out is not None and time.monotonic() >= self._ready_at
 
+    def deadline(self) -> float | None:
+        """When the pending result becomes ready (monotonic), if one is pending."""
+        return self._ready_at if self._out is not None else None
+
     def result(self) -> GroupStep:
         out, self._out = self._out, None
         return self.gather(out)
@@ -244,6 +248,9 @@ class ProcessVecEnv(_GroupBase):
             elif now > deadline:
                 self._restart(k, kind)
         return not self._pending
+
+    def deadline(self) -> float | None:
+        return None  # results arrive from the children; nothing is due at a known time
 
     def _restart(self, k: int, kind: str) -> None:
         print(f"[env {self.env_ids[k]}] child process {'died' if not self.procs[k].is_alive() else 'timed out'} "
