@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="folder for the run folders (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
     ap.add_argument("overrides", nargs="*", help="extra config overrides for every configuration")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)  # overrides may follow options
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-bench-"))
     rungs = RUNGS_LADDER if a.ladder else RUNGS_BASIC
     results = []
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         r = measure(label, [*WORKLOADS[a.env], *a.overrides, *mode], root, a.timeout)
         print(f"  {label:24s} {r['steps_per_s']:8.1f} steps/s", flush=True)
         results.append(r)
+        (root / "bench.json").write_text(json.dumps(results, indent=1))  # kept if a later one fails
     text = report(results)
     print(f"\nworkload: {a.env} {' '.join(a.overrides)}\n{text}\nrun folders: {root}")
     (root / "bench.json").write_text(json.dumps(results, indent=1))

@@ -139,7 +139,7 @@ def validate(args) -> int:
     try:
         for ranks in (int(r) for r in args.ranks.split(",")):
             for mode in args.modes.split(","):
-                rows.append(V.measure(profile, ranks, mode, out, args.seed))
+                rows.append(V.measure(profile, ranks, mode, out, args.seed, args.versions))
                 r = rows[-1]
                 print(f"  {mode:5s} {ranks:3d} ranks: engine {r['measured']:7.1f} steps/s, DES {r['des']:7.1f} "
                       f"({r['err_des']:+.1%}), analytic {r['analytic']:7.1f} ({r['err_analytic']:+.1%})", flush=True)
@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default="8,16,32", help="validate: rank counts (multiples of 4)")
     ap.add_argument("--modes", default="sync,async", help="validate: sync, async or both")
     ap.add_argument("--out", type=Path, default=None, help="validate: folder for the run folders and validate.json")
+    ap.add_argument("--versions", type=int, default=None, help="validate: versions per engine run (the first is not measured)")
     args = ap.parse_args(argv)
     if args.command == "profile":
         return measure(args)

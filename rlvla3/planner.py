@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .batcher import DynamicBatcher
-from .config import AlgoConfig, GeneratorConfig, ModeConfig, PolicyConfig, ShardingConfig
+from .config import AlgoConfig, GeneratorConfig, ModeConfig, PolicyConfig, ShardingConfig, assign_generators
 
 
 class PlannerError(ValueError):
@@ -131,13 +131,20 @@ class Profile:
     """GPUs of one GPU node; a plan fills whole nodes."""
     cores_per_env: float
     """CPU cores one env needs to run at step_ms (1/envs per Simulator core)."""
+    request_overhead_ms: float = 0.0
+    """Engine latency per request beyond batching and the forward (messages, polling): added
+    to every round trip."""
+    shard_delay_ms: float = 0.0
+    """From a segment's end to its shard being announced to the Trainer (write + rename on the
+    shared filesystem, on the Simulator's writer thread)."""
 
     def __post_init__(self):
         positive = ("step_ms", "episode_steps", "max_batch", "train_samples_per_s", "cores_per_cpu_node",
                     "gpus_per_node", "cores_per_env")
         for name in positive:
             _check(getattr(self, name) > 0, f"profile.{name}", getattr(self, name), "must be > 0")
-        for name in ("step_sigma", "reset_ms", "infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):
+        for name in ("step_sigma", "reset_ms", "infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms",
+                     "request_overhead_ms", "shard_delay_ms"):
             _check(getattr(self, name) >= 0, f"profile.{name}", getattr(self, name), "must be >= 0")
 
 
@@ -147,6 +154,8 @@ def _check(ok: bool, name: str, value, fix: str) -> None:
 
 
 PROFILE_FIELDS = tuple(f.name for f in dataclasses.fields(Profile))
+OPTIONAL_FIELDS = ("request_overhead_ms", "shard_delay_ms")
+"""Engine overheads a hand-written profile may leave out (0: an ideal engine)."""
 _INT_FIELDS = ("episode_steps", "max_batch", "cores_per_cpu_node", "gpus_per_node")
 
 
@@ -157,11 +166,13 @@ def load_profile(path: str | Path) -> Profile:
     data = yaml.safe_load(Path(path).read_text())
     _check(isinstance(data, dict), "profile file", str(path), "must be a YAML mapping of Profile fields")
     unknown = sorted(set(data) - set(PROFILE_FIELDS))
-    missing = sorted(set(PROFILE_FIELDS) - set(data))
+    missing = sorted(set(PROFILE_FIELDS) - set(data) - set(OPTIONAL_FIELDS))
     _check(not unknown, f"profile {path}", unknown, f"unknown keys; the fields are {list(PROFILE_FIELDS)}")
     _check(not missing, f"profile {path}", missing, "missing keys")
     values = {}
     for name in PROFILE_FIELDS:
+        if name not in data:
+            continue  # an optional field: the schema's default
         v = data[name]
         if name == "name":
             values[name] = str(v)
@@ -209,6 +220,8 @@ class Layout:
     """Training starts as soon as a global batch of the step has arrived."""
     placement: str = "disaggregated"
     """disaggregated | colocated (Generators and Trainers share the GPUs)."""
+    groups_per_sim: int = 0
+    """Groups per Simulator rank; 0 = as many as the profile's cores per rank hold."""
 
     def __post_init__(self):
         _check(self.placement in ("disaggregated", "colocated"), "layout.placement", self.placement,
@@ -226,6 +239,7 @@ class Layout:
         _check(self.t_max_ms >= 0, "layout.t_max_ms", self.t_max_ms, "must be >= 0")
         _check(self.eta >= 0, "layout.eta", self.eta, "must be >= 0")
         _check(self.overlap or not self.streaming, "layout.streaming", self.streaming, "needs overlap=True")
+        _check(self.groups_per_sim >= 0, "layout.groups_per_sim", self.groups_per_sim, "must be >= 0 (0 = from cores)")
 
     @property
     def gpus(self) -> int:
@@ -268,8 +282,9 @@ def envs_per_sim_rank(profile: Profile, cpus_per_sim_rank: int = CPUS_PER_SIM_RA
 
 
 def sharding_plan(profile: Profile, layout: Layout, cpus_per_sim_rank: int = CPUS_PER_SIM_RANK) -> list[list[int]]:
-    """Group sizes per Simulator rank: whole groups packed into ranks of cpus_per_sim_rank cores."""
-    per_rank = envs_per_sim_rank(profile, cpus_per_sim_rank) // layout.group_size
+    """Group sizes per Simulator rank: whole groups packed into ranks of cpus_per_sim_rank cores
+    (or layout.groups_per_sim per rank when set)."""
+    per_rank = layout.groups_per_sim or envs_per_sim_rank(profile, cpus_per_sim_rank) // layout.group_size
     _check(per_rank >= 1, "layout.group_size", layout.group_size,
            f"a Simulator rank holds only {envs_per_sim_rank(profile, cpus_per_sim_rank)} envs")
     groups = layout.num_envs // layout.group_size
@@ -279,6 +294,30 @@ def sharding_plan(profile: Profile, layout: Layout, cpus_per_sim_rank: int = CPU
         plan.append([layout.group_size] * take)
         groups -= take
     return plan
+
+
+def lockstep_components(profile: Profile, layout: Layout) -> list[list[int]]:
+    """How the engine's sync mode couples envs: a Simulator rank sends when all its groups are
+    ready and a Generator serves when all its groups asked, so ranks and Generators that share
+    groups advance together. Returns, per coupled component, its group count per Generator.
+    (Groups go to Generators exactly as config.derive assigns them.)"""
+    plan = sharding_plan(profile, layout)
+    flat = [(r, size) for r, sizes in enumerate(plan) for size in sizes]
+    owners = assign_generators([size for _, size in flat], layout.gen_gpus)
+    parent = list(range(len(plan) + layout.gen_gpus))  # union-find: sims, then Generators
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for (r, _), g in zip(flat, owners):
+        parent[root(r)] = root(len(plan) + g)
+    comps: dict[int, list[int]] = {}
+    for g in range(layout.gen_gpus):
+        comps.setdefault(root(len(plan) + g), []).append(owners.count(g))
+    return list(comps.values())
 
 
 # ---------------------------------------------------------------- analytic model
@@ -299,6 +338,30 @@ def expected_max_lognormal(n: int, median: float, sigma: float) -> float:
     cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in z]))
     integrand = (1.0 - cdf ** n) * median * sigma * np.exp(sigma * z)
     return float(np.sum((integrand[1:] + integrand[:-1]) * 0.5) * (z[1] - z[0]))
+
+
+@lru_cache(maxsize=4096)
+def max_lognormal_sd(n: int, median: float, sigma: float) -> float:
+    """Standard deviation of the max of n iid LogNormal(log median, sigma) (density integral)."""
+    if sigma == 0:
+        return 0.0
+    z = np.linspace(-10.0, 10.0, LOGNORMAL_GRID)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in z]))
+    density = n * cdf ** (n - 1) * np.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+    x = median * np.exp(sigma * z)
+    dz = z[1] - z[0]
+    mean = float(np.sum(x * density) * dz)
+    return math.sqrt(max(float(np.sum(x * x * density) * dz) - mean * mean, 0.0))
+
+
+@lru_cache(maxsize=1024)
+def expected_max_std_normal(n: int) -> float:
+    """E[max of n iid N(0, 1)] (0 for n = 1)."""
+    if n == 1:
+        return 0.0
+    z = np.linspace(-10.0, 10.0, LOGNORMAL_GRID)
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in z]))
+    return float(np.sum(z * n * cdf ** (n - 1) * np.exp(-z * z / 2) / math.sqrt(2 * math.pi)) * (z[1] - z[0]))
 
 
 def group_step_ms(profile: Profile, group_size: int) -> float:
@@ -341,7 +404,7 @@ def generator_loop(profile: Profile, groups: int, group_size: int, b_max: int, t
     its first one, or while the GPU forwards the previous batch, up to B_max samples; a request
     waits on average half the gathering window (all of it when it is alone), plus the residual
     forward of a busy GPU, plus its own forward. Exact when forwards cost nothing and T_max = 0."""
-    S = group_step_ms(profile, group_size)
+    S = group_step_ms(profile, group_size) + profile.request_overhead_ms
     r_max = max(1, min(groups, b_max // group_size))
     cap = r_max * group_size / max(forward_ms(profile, r_max * group_size), 1e-12)  # samples/ms
     x = groups / (S + forward_ms(profile, group_size))  # requests/ms, first guess
@@ -370,12 +433,22 @@ def generator_loop(profile: Profile, groups: int, group_size: int, b_max: int, t
 
 
 def lockstep_step_ms(profile: Profile, layout: Layout) -> tuple[float, float]:
-    """(sim, inference) ms of one lockstep env step: the slowest of all envs, and one Generator
-    serving all its groups' requests in B_max chunks (Generators run in parallel)."""
-    sim = expected_max_lognormal(layout.num_envs, profile.step_ms, profile.step_sigma) + \
-        profile.reset_ms / profile.episode_steps
-    chunks = _chunks([layout.group_size] * layout.groups_per_gen, layout.b_max)
-    return sim, sum(forward_ms(profile, c) for c in chunks)
+    """(sim, inference) ms of one lockstep env step, as the engine runs sync mode: within a
+    coupled component (`lockstep_components`) every Generator serves all its groups in B_max
+    chunks, then all the component's envs step; components advance on their own between weight
+    barriers. So a step costs the slowest env of the largest component, plus the barrier's share:
+    the slowest of the components' sums over a rollout step (normal approximation), spread over
+    its steps."""
+    comps = lockstep_components(profile, layout)
+    envs = max(sum(c) for c in comps) * layout.group_size
+    steps = SEGMENT_STEPS * SEGMENTS_PER_STEP
+    mean = expected_max_lognormal(envs, profile.step_ms, profile.step_sigma)
+    sd = max_lognormal_sd(envs, profile.step_ms, profile.step_sigma)
+    barrier = sd * expected_max_std_normal(len(comps)) / math.sqrt(steps)
+    sim = mean + barrier + profile.reset_ms / profile.episode_steps + profile.request_overhead_ms
+    inf = max(sum(forward_ms(profile, c) for c in _chunks([layout.group_size] * n, layout.b_max))
+              for comp in comps for n in comp)
+    return sim, inf
 
 
 def streaming_finish_s(roll_s: float, rollout_batch: int, global_batch: int, gb_train_s: float) -> float:
@@ -410,6 +483,7 @@ def analytic(profile: Profile, layout: Layout) -> Estimate:
     R = layout.rollout_batch
     train_s = R / (profile.train_samples_per_s * layout.train_gpus)
     sync_s = profile.weight_sync_ms / MS_PER_S
+    shard_s = profile.shard_delay_ms / MS_PER_S   # the last shard of a step reaches the Trainer late
     gb_train_s = layout.global_batch / (profile.train_samples_per_s * layout.train_gpus)
     if layout.env_level:
         _check(layout.placement == "disaggregated", "layout.placement", layout.placement,
@@ -431,9 +505,9 @@ def analytic(profile: Profile, layout: Layout) -> Estimate:
         _check(not layout.overlap, "layout.overlap", layout.overlap,
                "colocated GPUs cannot overlap training with inference in this model")
     if not layout.overlap or (layout.gate_eta == 0 and not layout.streaming):
-        step_s, bound = roll_s + train_s + sync_s, "serial"
+        step_s, bound = roll_s + shard_s + train_s + sync_s, "serial"
     elif layout.gate_eta == 0:  # streaming with a weight barrier: training follows the arriving segments
-        step_s = streaming_finish_s(roll_s, R, layout.global_batch, gb_train_s) + sync_s
+        step_s = streaming_finish_s(roll_s + shard_s, R, layout.global_batch, gb_train_s) + sync_s
         bound = "serial"
     else:
         step_s = max(roll_s, train_s + sync_s)
@@ -575,6 +649,11 @@ class _Des:
         if not self.arrival_event.triggered:
             self.arrival_event.succeed()
 
+    def deliver_shard(self, step: int, samples: int):
+        """A segment's shard reaches the Trainer shard_delay_ms after the segment ends."""
+        yield self.env.timeout(self.profile.shard_delay_ms)
+        self.deliver(step, samples)
+
     def record(self, step: int, version: int, samples: int, env_steps: int) -> None:
         if self.measuring():
             self.counters.stale_sum += (step - version) * samples
@@ -616,34 +695,34 @@ class _Des:
                 block, i = self.draw_max(DES_DRAW_BLOCK, k), 0
             dt = float(block[i]) + self.reset_extra(t, phase)
             i += 1
-            yield env.timeout(dt)
+            yield env.timeout(dt + self.profile.request_overhead_ms)
             self.counters.sim_busy += dt
             self.record(step, version, k, k)
             t += 1
             if t % SEGMENT_STEPS == 0:
-                self.deliver(step, k * SEGMENT_STEPS)
+                env.process(self.deliver_shard(step, k * SEGMENT_STEPS))
 
-    def lockstep(self):
-        """All envs advance together: each Generator serves all its groups (B_max chunks), then
-        every group steps and the slowest env of the whole run ends the env step."""
+    def lockstep(self, gens: list[_Generator], groups: list[int]):
+        """One coupled component of the engine's sync mode (`lockstep_components`): its
+        Generators serve all their groups (B_max chunks, in parallel), then its envs step and
+        the slowest ends the env step. Components run on their own between weight barriers."""
         env, lay = self.env, self.layout
-        n_groups = lay.num_envs // lay.group_size
+        n_groups, envs = sum(groups), sum(groups) * lay.group_size
         t = 0
         while True:
             step = t // self.steps_per_rollout
             yield from self.wait_version(step - lay.gate_eta)
             version = self.version
-            chunks = _chunks([lay.group_size] * lay.groups_per_gen, lay.b_max)
-            serving = [env.process(self._serve_chunks(g, chunks)) for g in self.gens]
-            yield env.all_of(serving)
+            yield env.all_of([env.process(self._serve_chunks(g, _chunks([lay.group_size] * n, lay.b_max)))
+                              for g, n in zip(gens, groups)])
             group_ms = self.draw_max(n_groups, lay.group_size) + self.reset_extra(t)
             dt = float(group_ms.max())
-            yield env.timeout(dt)
+            yield env.timeout(dt + self.profile.request_overhead_ms)
             self.counters.sim_busy += float(group_ms.sum())
-            self.record(step, version, lay.num_envs, lay.num_envs)
+            self.record(step, version, envs, envs)
             t += 1
             if t % SEGMENT_STEPS == 0:
-                self.deliver(step, lay.num_envs * SEGMENT_STEPS)
+                env.process(self.deliver_shard(step, envs * SEGMENT_STEPS))
 
     def _serve_chunks(self, gen: _Generator, chunks: list[int]):
         for n in chunks:
@@ -709,7 +788,9 @@ def simulate(profile: Profile, layout: Layout, seed: int = 0,
                 env.process(des.group(gid, gen))
                 gid += 1
     else:
-        env.process(des.lockstep())
+        gens = iter(des.gens)
+        for comp in lockstep_components(profile, sim_layout):
+            env.process(des.lockstep([next(gens) for _ in comp], comp))
     env.process(des.trainer())
     env.run(until=env.any_of([des.finished, env.timeout(DES_MAX_SIM_MS)]))
     return _des_result(des, sim_layout, scale)

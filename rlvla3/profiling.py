@@ -11,6 +11,9 @@ What each field is fitted from (metrics/rank*.jsonl, summary.json, config.yaml):
                         least-squares line through (`infer` batch samples, forward time)
   train_samples_per_s   rows trained per second of `train` span, per Trainer, per epoch
   weight_sync_ms        mean publish (Trainer) + mean load (Generator) `weight_sync` span
+  request_overhead_ms   median `wait_action` - median `batch_wait` - median `infer` (medians:
+                        a request held by the staleness gate is not engine overhead)
+  shard_delay_ms        mean `shard_write` span
   max_batch, gpus_per_node, cores_per_*: from the run's config
 Emulated envs sleep outside the step span, so a profile of an `emulated` run has their compute
 only; measure real simulators.
@@ -97,4 +100,14 @@ def profile_from_run(run: str | Path, name: str | None = None) -> Profile:
         cores_per_cpu_node=(c.cores or os.cpu_count() or 1) if local else c.cores_per_cpu_node,
         gpus_per_node=1 if local else c.gpus_per_node,
         cores_per_env=max(sim_cores / cfg.env.num_envs, 1e-3),
+        request_overhead_ms=request_overhead_ms(sp),
+        shard_delay_ms=float(np.mean([s["d"] for s in sp[("simulator", "shard_write")]]) * 1e3)
+        if sp[("simulator", "shard_write")] else 0.0,
     )
+
+
+def request_overhead_ms(sp) -> float:
+    """Round trip beyond batching and the forward, from medians of the three spans."""
+    med = {n: float(np.median([s["d"] for s in sp[(role, n)]])) * 1e3 if sp[(role, n)] else 0.0
+           for role, n in (("simulator", "wait_action"), ("generator", "batch_wait"), ("generator", "infer"))}
+    return max(med["wait_action"] - med["batch_wait"] - med["infer"], 0.0)

@@ -93,7 +93,6 @@ class Trainer:
         self.cursor = (0, 0)
         self.step_in_version = 0
         self.order: list[tuple[str, int]] = []
-        self.version_stats = defaultdict(float)
         self.loss_sums = defaultdict(float)
         self.t_version = time.time()
         self.history: list[dict] = []

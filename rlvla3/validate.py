@@ -5,8 +5,11 @@ two groups of 4 envs, N/4 Generators, N/4 Trainers) is predicted by the analytic
 DES, and then run by the engine itself (`python -m rlvla3.launch` machinery: mpiexec, real MPI
 messages, batching, credits, zarr shards, plans, weight transfer) with `env=emulated
 policy=emulated` paying the same profile's costs by sleeping. Emulated ranks import no torch,
-so 32 ranks fit on 2 cores. The engine's throughput is its steady state (versions after the
-first, as `rlvla3.bench` measures it); error = predicted / measured - 1.
+so 32 ranks fit on 2 cores. The engine is measured as the DES is: env steps completed by the
+Simulators between the first and the last version published, over that time. (`rlvla3.bench`
+counts the rows the Trainer consumed instead; over a short run with η = 1 that lags
+production while the rollout gets one step ahead, by up to 8% here at 32 ranks; both are in
+validate.json.) Error = predicted / measured - 1.
 
 Sync rows are the disaggregated lockstep baseline (η = 0, train after rollout); async rows are
 env-level groups with overlap, streaming and η = 1.
@@ -40,10 +43,10 @@ def layout_for(ranks: int, mode: str) -> P.Layout:
     gens = ranks // 4
     envs_per_gen = 2 * GROUPS_PER_SIM * GROUP_SIZE  # two Simulator ranks per Generator
     if mode == "sync":
-        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, envs_per_gen, 0.0, 0,
-                        env_level=False, overlap=False, streaming=False)
+        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, envs_per_gen, 0.0, 0, env_level=False, overlap=False,
+                        streaming=False, groups_per_sim=GROUPS_PER_SIM)
     if mode == "async":
-        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, ASYNC_B_MAX, ASYNC_T_MAX_MS, 1)
+        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, ASYNC_B_MAX, ASYNC_T_MAX_MS, 1, groups_per_sim=GROUPS_PER_SIM)
     raise P.PlannerError(f"mode={mode!r}: use sync or async")
 
 
@@ -54,19 +57,19 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def engine_overrides(profile: P.Profile, layout: P.Layout, mode: str) -> list[str]:
-    sims = layout.num_envs // (GROUPS_PER_SIM * GROUP_SIZE)
-    tree = _merge(P.run_overrides(layout, [[GROUP_SIZE] * GROUPS_PER_SIM] * sims), P.emulation_overrides(profile))
+def engine_overrides(profile: P.Profile, layout: P.Layout, mode: str, versions: int | None = None) -> list[str]:
+    plan = P.sharding_plan(profile, layout)
+    tree = _merge(P.run_overrides(layout, plan), P.emulation_overrides(profile))
     tree = _merge(tree, {
-        "cluster": {"sim_ranks": sims, "gen_ranks": layout.gen_gpus, "train_ranks": layout.train_gpus},
-        "algo": {"max_versions": VERSIONS[mode]},
+        "cluster": {"sim_ranks": len(plan), "gen_ranks": layout.gen_gpus, "train_ranks": layout.train_gpus},
+        "algo": {"max_versions": versions or VERSIONS[mode]},
         "mode": {"name": mode},
         "runtime": {"tensorboard": False, "progress": False, "liveness_timeout": 120.0, "startup_timeout": 300.0},
     })
     return P.override_strings(tree)
 
 
-def measure(profile: P.Profile, ranks: int, mode: str, root: Path, seed: int = 0) -> dict:
+def measure(profile: P.Profile, ranks: int, mode: str, root: Path, seed: int = 0, versions: int | None = None) -> dict:
     from .bench import steady_throughput
     from .launch import compose, run_local
     from .metrics import read_summaries
@@ -74,7 +77,7 @@ def measure(profile: P.Profile, ranks: int, mode: str, root: Path, seed: int = 0
     lay = layout_for(ranks, mode)
     analytic = P.analytic(profile, lay).steps_per_s
     des = P.simulate(profile, lay, seed)
-    cfg = compose(["+experiment=emulated", *engine_overrides(profile, lay, mode)])
+    cfg = compose(["+experiment=emulated", *engine_overrides(profile, lay, mode, versions)])
     run = root / f"{mode}-{ranks}"
     t0 = time.monotonic()
     proc = run_local(cfg, run, timeout=900, capture=True)
@@ -83,12 +86,26 @@ def measure(profile: P.Profile, ranks: int, mode: str, root: Path, seed: int = 0
         raise RuntimeError(f"{mode} at {ranks} ranks: engine run failed (exit {proc.returncode}); see {run}\n"
                            f"{proc.stderr[-3000:]}")
     history = json.loads((run / "summary.json").read_text())["history"]
-    measured = steady_throughput(history)
+    measured = produced_per_s(run)
     cpu = sum(r["cpu_s"] + r["cpu_children_s"] for r in read_summaries(run))
     load = cpu / wall / (os.cpu_count() or 1)
     return {"ranks": ranks, "mode": mode, "envs": lay.num_envs, "analytic": analytic, "des": des.steps_per_s,
-            "measured": measured, "err_analytic": analytic / measured - 1, "err_des": des.steps_per_s / measured - 1,
+            "measured": measured, "consumed": steady_throughput(history), "err_analytic": analytic / measured - 1, "err_des": des.steps_per_s / measured - 1,
             "cpu_load": load, "wall_s": wall, "run": str(run), "layout": dataclasses.asdict(lay)}
+
+
+def produced_per_s(run: Path) -> float:
+    """Env steps the Simulators completed between the first and the last version publish, per
+    second (all times on rank 0's clock)."""
+    from .metrics import read_records, read_spans
+
+    published = sorted(rec["t"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "steps_per_s")
+    if len(published) < 2:
+        raise RuntimeError(f"{run}: fewer than 2 versions published; run more versions")
+    t0, t1 = published[0], published[-1]
+    steps = sum(rec.get("envs", 0) for _, _, rec in read_spans(run)
+                if rec["n"] == "sim_step" and t0 <= rec["t"] + rec["d"] < t1)
+    return steps / (t1 - t0)
 
 
 def table(rows: list[dict]) -> str:

