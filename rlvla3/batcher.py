@@ -41,9 +41,11 @@ class DynamicBatcher:
     def deadline(self) -> float | None:
         return self.queue[0].arrived + self.t_max if self.queue else None
 
-    def pop(self) -> list[Request]:
+    def pop(self, limit: int | None = None) -> list[Request]:
+        """The next batch: whole requests in FIFO order, at most b_max (and `limit`) samples."""
+        cap = self.b_max if limit is None else min(self.b_max, limit)
         batch, total = [], 0
-        while self.queue and total + self.queue[0].n <= self.b_max:
+        while self.queue and total + self.queue[0].n <= cap:
             req = self.queue.popleft()
             batch.append(req)
             total += req.n

@@ -1,4 +1,5 @@
 """`python -m rlvla3.bench throughput [--env emulated|robosuite|toy] [--ladder] [overrides...]`
+   `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
 steady-state env steps/s (versions after the first), the ratio to the best sync baseline,
@@ -129,15 +130,51 @@ def report(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def weights_bench(a) -> int:
+    """Publish cost (encode, bucketed MPI transfer to every Generator, decode) vs parameter count
+    and Generator count, one mpiexec job per Generator count (rlvla3/weights.py)."""
+    import subprocess
+
+    from .launch import mpi_env
+
+    rows = []
+    print(f"{'params':>10s} {'gens':>5s} {'wire':9s} {'MiB/gen':>8s} {'seconds':>8s} {'GB/s out':>8s} {'max rel err':>11s}")
+    for g in (int(x) for x in a.generators.split(",")):
+        cmd = ["mpiexec", "--oversubscribe", "-n", str(g + 1), sys.executable, "-m", "mpi4py", "-m", "rlvla3.weights",
+               a.params, a.dtypes, str(a.bucket_mb), "3"]
+        if os.geteuid() == 0:
+            cmd.insert(1, "--allow-run-as-root")
+        out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"weights bench with {g} Generators failed:\n{out.stderr[-3000:]}")
+        for line in out.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.append(r)
+                gbps = r["bytes_per_generator"] * r["generators"] / r["seconds"] / 1e9
+                print(f"{r['params']:10.0e} {r['generators']:5d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
+                      f"{r['seconds']:8.3f} {gbps:8.2f} {r['max_rel_error']:11.2e}", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "weights.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput"])
+    ap.add_argument("what", choices=["throughput", "weights"])
+    ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
+    ap.add_argument("--generators", default="1,4,16", help="weights: Generator counts")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
+    ap.add_argument("--bucket-mb", type=float, default=64.0, help="weights: bucket size (MiB)")
     ap.add_argument("--env", choices=sorted(WORKLOADS), default="emulated")
     ap.add_argument("--ladder", action="store_true", help="the full ablation ladder")
     ap.add_argument("--out", default="", help="folder for the run folders (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
     ap.add_argument("overrides", nargs="*", help="extra config overrides for every configuration")
     a = ap.parse_intermixed_args(argv)  # overrides may follow options
+    if a.what == "weights":
+        return weights_bench(a)
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-bench-"))
     rungs = RUNGS_LADDER if a.ladder else RUNGS_BASIC
     results = []

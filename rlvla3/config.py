@@ -174,6 +174,11 @@ class GeneratorConfig:
     t_max_ms: float = 5.0
     """Dynamic batcher: close a batch this long after its first request arrived (with
     adapt_batch: the longest window the tuner may choose)."""
+    weights_dtype: str = "float32"
+    """Wire format of published weights: float32, or bfloat16 (half the bytes, relative error
+    <= 2^-8; the Generator widens them back to float32)."""
+    weights_bucket_mb: float = 64.0
+    """Published weights travel in buckets of at most this many MiB (one MPI message each)."""
     adapt_batch: int = 0
     """Online batching window: 0 keeps t_max_ms fixed; N > 0 re-tunes the window 4x a second to
     the time N samples take to arrive at the observed rate (logged as scalar t_max_ms)."""
@@ -434,6 +439,10 @@ def validate(cfg: RunConfig) -> None:
                  f"colocated placement puts one Trainer on each Generator rank: set it to cluster.gen_ranks={c.gen_ranks}")
     _require(cfg.generator.b_max >= 1, "generator.b_max", cfg.generator.b_max, "must be >= 1")
     _require(cfg.generator.t_max_ms >= 0, "generator.t_max_ms", cfg.generator.t_max_ms, "must be >= 0")
+    _require(cfg.generator.weights_dtype in ("float32", "bfloat16"), "generator.weights_dtype",
+             cfg.generator.weights_dtype, "use float32 or bfloat16")
+    _require(cfg.generator.weights_bucket_mb > 0, "generator.weights_bucket_mb", cfg.generator.weights_bucket_mb,
+             "must be > 0")
     _require(0 <= cfg.generator.adapt_batch <= min(cfg.generator.b_max, p.max_batch), "generator.adapt_batch",
              cfg.generator.adapt_batch, "use 0 (off) or a target batch <= min(generator.b_max, policy.max_batch)")
     if c.name != "local":

@@ -17,6 +17,7 @@ import numpy as np
 from .config import Derived, RunConfig
 from .envs import spec
 from .policies import make_actor
+from . import weights
 from .batcher import DynamicBatcher, WindowTuner
 from .protocol import Done, Kind, Stop, Tag, WeightsHeader, action_codec, obs_codec
 
@@ -48,7 +49,7 @@ class Generator:
         # chunks; async: the dynamic batcher closes batches on B_max or T_max.
         self.lockstep = not cfg.mode.env_level
         self.served = sum(g.size for g in self.groups.values())
-        self.draining = False
+        self.round_left = 0   # lockstep: samples of the current round not yet served
         self.batcher = DynamicBatcher(d.b_max, float("inf") if self.lockstep else cfg.generator.t_max_ms / 1e3)
         # At most `served` samples can ever be waiting (each group has one request in flight): a
         # larger target would only push the window to its cap, so the target is capped there.
@@ -57,6 +58,7 @@ class Generator:
         self.tuner = WindowTuner(target, cfg.generator.t_max_ms / 1e3) if adapt else None
         self.version, self.granted_until = -1, -1
         self.weights_buf = np.zeros(self.actor.n_params, np.float32)
+        self.wire_bufs: dict[str, np.ndarray] = {}   # receive buffer per wire dtype
         self.sims = sorted({g.sim_rank for g in self.groups.values()})
         self.trainer0 = d.train_ranks[0]
         self.colocated = cfg.mode.placement == "colocated"
@@ -78,10 +80,14 @@ class Generator:
         if got is None:
             return False
         hdr: WeightsHeader = got[1]
+        if hdr.n_params != self.weights_buf.size:
+            raise RuntimeError(f"weights of version {hdr.version} have {hdr.n_params} values, this Generator's "
+                               f"model has {self.weights_buf.size}: Trainer and Generator built different models")
         t0 = time.time()
-        req = self.transport.irecv_buf(self.trainer0, Tag.WEIGHTS_BUF, self.weights_buf)
-        self.transport.wait(req, self.cfg.runtime.liveness_timeout, self.trainer0, "weights buffer")
-        self.metrics.span("comm", t0, time.time() - t0, what="weights", bytes=self.weights_buf.nbytes)
+        wire = self.wire_bufs.setdefault(hdr.dtype, weights.wire_buffer(hdr.n_params, hdr.dtype))
+        weights.receive(self.transport, self.trainer0, wire, self.weights_buf, hdr.bucket_mb,
+                        self.cfg.runtime.liveness_timeout)
+        self.metrics.span("comm", t0, time.time() - t0, what="weights", bytes=wire.nbytes)
         self.set_weights(self.weights_buf, hdr.version, hdr.granted_until)
         return True
 
@@ -129,15 +135,20 @@ class Generator:
     def _batch_ready(self) -> bool:
         if not self.lockstep:
             return self.batcher.ready(time.monotonic())
-        if self.batcher.samples >= self.served:
-            self.draining = True   # every group's request is in: serve the round
-        self.draining &= bool(self.batcher.queue)
-        return self.draining
+        # A round starts when every group's request is in, and ends when exactly those samples
+        # are served: a group served early may already be queued for the next round, and
+        # serving it now would let its Simulator run a step ahead (and, at a credit boundary,
+        # deadlock: its next request held, the others' round never complete).
+        if self.round_left == 0 and self.batcher.samples >= self.served:
+            self.round_left = self.served
+        return self.round_left > 0
 
     def _serve_batch(self) -> None:
         wait = time.monotonic() - self.batcher.queue[0].arrived
-        batch = self.batcher.pop()
+        batch = self.batcher.pop(self.round_left if self.lockstep else None)
         n = sum(r.n for r in batch)
+        if self.lockstep:
+            self.round_left -= n
         t0 = time.time()
         p0 = time.perf_counter()
         obs = {k: np.concatenate([r.obs[k] for r in batch]) for k in ("images", "proprio", "tokens")}
@@ -207,6 +218,7 @@ class Generator:
     def stop(self, msg: Stop) -> None:
         """Stop serving; keep receiving (and dropping) requests until every Simulator is done."""
         self.stopped = True
+        self.round_left = 0
         self.batcher.queue.clear()
         self.batcher.samples = 0
         self.held.clear()

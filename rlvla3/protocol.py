@@ -19,7 +19,7 @@ class Tag(IntEnum):
     HEARTBEAT = 1        # any -> peer          Heartbeat
     SHARD_READY = 2      # simulator -> trainer0  ShardReady
     WEIGHTS = 3          # trainer0 -> generator  WeightsHeader, then WEIGHTS_BUF
-    WEIGHTS_BUF = 4      # trainer0 -> generator  float32[n_params] flat parameters
+    WEIGHTS_BUF = 4      # trainer0 -> generator  flat parameters, in buckets (weights.py)
     STOP = 5             # trainer0 -> all        Stop
     DONE = 6             # simulator -> generator, trainer0; generator -> trainer0   Done
     PLAN = 7             # trainer0 -> other trainers   Plan
@@ -68,6 +68,8 @@ class WeightsHeader:
     version: int
     granted_until: int   # generators may serve requests for rollout steps <= this
     n_params: int
+    dtype: str = "float32"      # wire format (weights.py): float32 | bfloat16
+    bucket_mb: float = 64.0     # the buffer follows in buckets of at most this many MiB
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ def drive(actors: list, tr, preemption: Preemption | None = None, stall_report: 
             preemption.step(tr)
         if work:
             tr.backoff.busy()
-            last_work, reported = time.monotonic(), True  # silent until the first progress (env start-up is slow)
+            last_work, reported = time.monotonic(), False  # armed: report the next long stall
         else:
             due = [t for t in (a.deadline() for a in actors) if t is not None]
             tr.backoff.idle(min(due, default=None))

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import shards
+from . import shards, weights
 from .config import Derived, RunConfig
 from .envs import spec
 from .policies import make_learner
@@ -234,12 +234,12 @@ class Trainer:
         if self.local_gen is not None:
             self.local_gen.set_weights(self.learner.weights(), self.version, granted)
         elif self.leader:
-            flat = self.learner.weights()
-            reqs = []
+            gc = self.cfg.generator
+            wire = weights.to_wire(self.learner.weights(), gc.weights_dtype)
+            hdr = WeightsHeader(self.version, granted, wire.size, gc.weights_dtype, gc.weights_bucket_mb)
             for g in self.d.gen_ranks:
-                self.transport.send(g, Tag.WEIGHTS, WeightsHeader(self.version, granted, flat.size))
-                reqs.append((g, self.transport.isend_buf(g, Tag.WEIGHTS_BUF, flat)))
-            for g, req in reqs:
+                self.transport.send(g, Tag.WEIGHTS, hdr)
+            for g, req in weights.send(self.transport, self.d.gen_ranks, wire, gc.weights_bucket_mb):
                 self.transport.wait(req, self.cfg.runtime.liveness_timeout, g, "weights send")
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version)
 

@@ -21,7 +21,9 @@ pytestmark = [needs_mpi, pytest.mark.slow]
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_end_to_end_both_modes(tmp_path, mode):
-    proc, run = run_engine(tmp_path, [*TOY, f"mode={mode}"])
+    # Two Simulator ranks on one Generator: sync rounds must hold each rank to the others'
+    # pace (a round served a fast rank's next request once, and deadlocked at a credit boundary).
+    proc, run = run_engine(tmp_path, [*TOY, f"mode={mode}", "cluster.sim_ranks=2"])
     assert_ok(proc)
     s = summary(run)
     assert s["versions"] == 3 and [h["version"] for h in s["history"]] == [1, 2, 3]
