@@ -84,7 +84,7 @@ class Generator:
             raise RuntimeError(f"weights of version {hdr.version} have {hdr.n_params} values, this Generator's "
                                f"model has {self.weights_buf.size}: Trainer and Generator built different models")
         t0 = time.time()
-        wire = self.wire_bufs.setdefault(hdr.dtype, weights.wire_buffer(hdr.n_params, hdr.dtype))
+        wire = self.wire_bufs.setdefault(hdr.dtype, weights.wire_buffer(self.weights_buf, hdr.dtype))
         weights.receive(self.transport, self.trainer0, wire, self.weights_buf, hdr.bucket_mb,
                         self.cfg.runtime.liveness_timeout)
         self.metrics.span("comm", t0, time.time() - t0, what="weights", bytes=wire.nbytes)

@@ -30,6 +30,14 @@ def test_bfloat16_wire_rounds_to_nearest_even_within_2_to_the_minus_8():
         to_wire(x, "float16")
 
 
+def test_torch_and_numpy_bfloat16_agree_bit_for_bit():
+    from rlvla3.weights import bf16_bits_numpy, bf16_bits_torch
+
+    x = np.random.default_rng(1).standard_normal(200_001).astype(np.float32) * 1e3
+    x[:3] = [1.0 + 2.0 ** -8, -0.0, 3.0e38]
+    assert np.array_equal(bf16_bits_numpy(x), bf16_bits_torch(x))
+
+
 def test_buckets_cover_the_buffer_once_and_respect_the_size():
     sl = buckets(1_000_003, 4, 1.0)  # 1 MiB of float32 = 262144 values per bucket
     assert sl[0] == slice(0, 262144) and sl[-1].stop == 1_000_003
