@@ -258,6 +258,20 @@ def dry_run_text(cfg: config.RunConfig, run_dir: Path, job_name: str = "rlvla3")
     return sbatch_text(cfg, folder, cmd, job_name)
 
 
+def failed_rank(job) -> tuple[int, str] | None:
+    """(rank, traceback) of the first rank whose submitit result says it raised, if any."""
+    for rank in range(job.num_tasks):
+        path = job.task(rank).paths.result_pickle
+        if path.exists():
+            try:
+                outcome, value = submitit.core.utils.pickle_load(path)
+            except Exception:  # being written: look again at the next poll
+                continue
+            if outcome == "error":
+                return rank, str(value)
+    return None
+
+
 def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) -> list:
     """Block until every rank has returned (their results), or raise submitit's error naming
     the job. srun of a het step has been seen (local test cluster) to miss its step's end and
@@ -273,6 +287,13 @@ def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) 
         if deadline is not None and time.monotonic() > deadline:
             job.cancel(check=False)
             raise TimeoutError(f"Slurm job {job.job_id} did not finish within {timeout:.0f}s; cancelled it")
+        failed = failed_rank(job)
+        if failed is not None:
+            # One rank's failure loses the MPI world; the job can still look RUNNING (the srun
+            # hang above, its other tasks killed without results): cancel it, report the rank.
+            job.cancel(check=False)
+            raise submitit.core.utils.FailedJobError(
+                f"Slurm job {job.job_id}: rank {failed[0]} failed; cancelled the job. Its traceback:\n{failed[1]}")
         time.sleep(min(poll_s, 2.0))
     results = job.results()
     deadline = time.monotonic() + grace
