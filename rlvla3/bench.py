@@ -60,15 +60,14 @@ def steady_throughput(history: list[dict]) -> float:
 
 def read_metrics(run: Path) -> tuple[dict, dict]:
     """(cpu seconds per role, span totals per name summed over ranks)."""
+    from .metrics import read_summaries
+
     cpu, spans = defaultdict(float), defaultdict(lambda: [0, 0.0])
-    for f in (run / "metrics").glob("rank*.jsonl"):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["k"] == "summary":
-                cpu[rec["role"]] += rec["cpu_s"] + rec["cpu_children_s"]
-                for name, (n, s) in rec["spans"].items():
-                    spans[name][0] += n
-                    spans[name][1] += s
+    for rec in read_summaries(run):
+        cpu[rec["role"]] += rec["cpu_s"] + rec["cpu_children_s"]
+        for name, (n, s) in rec["spans"].items():
+            spans[name][0] += n
+            spans[name][1] += s
     return dict(cpu), dict(spans)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import socket
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -213,8 +214,6 @@ class TorchLearner:
         """Sum gradients and loss statistics over Trainers in one collective."""
         if self.n == 1:
             return sums
-        import time
-
         import torch.distributed as dist
 
         grads = [p.grad.reshape(-1) for p in self.policy.parameters()]

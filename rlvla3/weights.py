@@ -153,7 +153,5 @@ def bench_worker(sizes: list[int], dtypes: list[str], bucket_mb: float, reps: in
 
 
 if __name__ == "__main__":
-    import sys
-
     sizes, dtypes, bucket, reps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     bench_worker([int(float(s)) for s in sizes.split(",")], dtypes.split(","), float(bucket), int(reps))
