@@ -10,13 +10,12 @@ from pathlib import Path
 
 def load(run: Path) -> dict:
     summary = json.loads((run / "summary.json").read_text())
+    from rlvla3.metrics import read_summaries
+
     spans = defaultdict(float)
-    for f in (run / "metrics").glob("rank*.jsonl"):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec["k"] == "summary":
-                for name, (_, seconds) in rec["spans"].items():
-                    spans[f"{rec['role']}:{name}"] += seconds
+    for rec in read_summaries(run):
+        for name, (_, seconds) in rec["spans"].items():
+            spans[f"{rec['role']}:{name}"] += seconds
     h = summary["history"]
     steady = sum(x["env_steps"] for x in h[1:]) / (h[-1]["t"] - h[0]["t"]) if len(h) > 1 else float("nan")
     return {"run": str(run), "steady_steps_per_s": steady, "versions": summary["versions"], "spans": dict(spans),
