@@ -6,6 +6,11 @@
 - Decoupled PPO (proximal anchor + clipped behaviour weight for stale samples): Hilton et al.
   2022, "Batch size-invariance for policy optimization", https://arxiv.org/abs/2110.00641, as
   used for asynchronous RL by AReaL (https://arxiv.org/abs/2505.24298).
+- GRPO: Shao et al. 2024, "DeepSeekMath", https://arxiv.org/abs/2402.03300 (group-normalised
+  outcome reward, no critic), as applied to VLAs by SimpleVLA-RL (https://arxiv.org/abs/2509.09674).
+- V-trace: Espeholt et al. 2018, "IMPALA", https://arxiv.org/abs/1802.01561
+- KL to a reference policy, k3 estimator: Schulman 2020, "Approximating KL divergence",
+  http://joschu.net/blog/kl-approx.html
 """
 from __future__ import annotations
 
@@ -15,30 +20,82 @@ import numpy as np
 import torch
 
 
-def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-        bootstrap: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """Advantages and returns of one segment, arrays [T, N] (time-major), bootstrap [N].
-
-    r_t, V(s_t) and the end flags are those of step t. The value that follows step t is
+def next_values(values: np.ndarray, bootstrap: np.ndarray, terminated: np.ndarray,
+                truncated: np.ndarray) -> np.ndarray:
+    """The value that follows each step t of a segment [T, N]:
       0          if the episode terminated at t,
       V(s_t)     if it was truncated at t (its final obs is never served; V(s_t) is the closest
                  estimate we have),
       bootstrap  at the segment's last step (V(s_T), stored with the segment),
-      V(s_{t+1}) otherwise.
+      V(s_{t+1}) otherwise."""
+    v_next = np.concatenate([values[1:], bootstrap[None]], 0)
+    return np.where(truncated, values, v_next) * (1.0 - terminated.astype(np.float32))
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+        bootstrap: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Advantages and returns of one segment, arrays [T, N] (time-major), bootstrap [N].
+
+    r_t, V(s_t) and the end flags are those of step t; V_next is `next_values`.
     delta_t = r_t + gamma * V_next - V(s_t);  A_t = delta_t + gamma * lam * (1 - end_t) * A_{t+1}.
     """
     T = rewards.shape[0]
-    term = terminated.astype(np.float32)
-    end = np.maximum(term, truncated.astype(np.float32))
-    v_next = np.concatenate([values[1:], bootstrap[None]], 0)
-    v_next = np.where(truncated, values, v_next) * (1.0 - term)
-    delta = rewards + gamma * v_next - values
+    end = (terminated | truncated).astype(np.float32)
+    delta = rewards + gamma * next_values(values, bootstrap, terminated, truncated) - values
     adv = np.zeros_like(values, dtype=np.float32)
     a = np.zeros(values.shape[1:], np.float32)
     for t in reversed(range(T)):
         a = delta[t] + gamma * lam * (1.0 - end[t]) * a
         adv[t] = a
     return adv, adv + values
+
+
+def vtrace(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+           bootstrap: np.ndarray, log_rho: np.ndarray, gamma: float, rho_clip: float,
+           c_clip: float) -> tuple[np.ndarray, np.ndarray]:
+    """V-trace value targets v_s and policy-gradient advantages of one segment [T, N].
+
+    log_rho = log pi(a|s) - log mu(a|s) (target over behaviour policy); rho_t = min(rho_clip,
+    e^log_rho), c_t = min(c_clip, e^log_rho). With V_next as in `next_values`:
+      delta_t = rho_t (r_t + gamma V_next - V(s_t))
+      v_s - V(s_s) = delta_s + gamma c_s (1 - end_s) (v_{s+1} - V(s_{s+1}))
+      A_s = rho_s (r_s + gamma v_next_s - V(s_s)),  v_next_s = v_{s+1}, or V_next at ends/the last step.
+    """
+    T = rewards.shape[0]
+    ratio = np.exp(log_rho.astype(np.float64))
+    rho = np.minimum(rho_clip, ratio).astype(np.float32)
+    c = np.minimum(c_clip, ratio).astype(np.float32)
+    end = (terminated | truncated).astype(np.float32)
+    v_next = next_values(values, bootstrap, terminated, truncated)
+    delta = rho * (rewards + gamma * v_next - values)
+    vs_minus_v = np.zeros_like(values, dtype=np.float32)
+    acc = np.zeros(values.shape[1:], np.float32)
+    for t in reversed(range(T)):
+        acc = delta[t] + gamma * c[t] * (1.0 - end[t]) * acc
+        vs_minus_v[t] = acc
+    vs = values + vs_minus_v
+    # v_{s+1} where the episode continues inside the segment, else V_next as in the delta.
+    vs_next = np.concatenate([vs[1:], bootstrap[None]], 0)
+    vs_next = np.where(end.astype(bool), v_next, vs_next)
+    vs_next[-1] = v_next[-1]
+    return vs, rho * (rewards + gamma * vs_next - values)
+
+
+def grpo_advantages(returns: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Outcome advantages of one group of episodes from the same initial state [N]:
+    A_i = (R_i - mean(R)) / (std(R) + eps); all-equal outcomes give 0 (nothing to learn)."""
+    r = returns.astype(np.float64)
+    std = r.std()
+    if std < eps:
+        return np.zeros_like(returns, dtype=np.float32)
+    return ((r - r.mean()) / (std + eps)).astype(np.float32)
+
+
+def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Per-sample estimate of KL(pi || pi_ref) from log-probs of a sample: e^x - x - 1 with
+    x = log pi_ref - log pi (unbiased for samples from pi, always >= 0, low variance)."""
+    x = logp_ref - logp
+    return torch.exp(x) - x - 1.0
 
 
 @dataclass(frozen=True)
@@ -54,23 +111,29 @@ class LossTerms:
 
 def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: torch.Tensor,
                        adv: torch.Tensor, value: torch.Tensor, ret: torch.Tensor, entropy: torch.Tensor,
-                       clip: float, behaviour_clip: float, vf_coef: float, ent_coef: float) -> LossTerms:
-    """Sum over samples of the decoupled PPO objective.
+                       clip: float, behaviour_clip: float, vf_coef: float, ent_coef: float,
+                       weight: torch.Tensor | None = None, logp_ref: torch.Tensor | None = None,
+                       kl_coef: float = 0.0) -> LossTerms:
+    """Sum over samples of the decoupled PPO objective (each sample's terms times `weight`, 0 for
+    rows that are not decisions, e.g. grpo padding).
 
     r = pi(a|s) / pi_prox(a|s)                 (trust region around the proximal policy)
     w = min(pi_prox(a|s) / pi_behav(a|s), c)   (off-policy correction, no gradient)
     L_pi = -w * min(r * A, clip(r, 1 - eps, 1 + eps) * A)
-    L = L_pi + vf_coef * 0.5 * (V - R)^2 - ent_coef * H
+    L = L_pi + vf_coef * 0.5 * (V - R)^2 - ent_coef * H + kl_coef * KL_k3(pi || pi_ref)
     With fresh samples pi_prox = pi_behav, so w = 1 and this is standard PPO.
     """
+    m = torch.ones_like(logp) if weight is None else weight
     ratio = torch.exp(logp - logp_prox)
     w = torch.exp(logp_prox - logp_behav).clamp(max=behaviour_clip).detach()
     surr = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
-    l_pi = -(w * surr).sum()
-    l_v = 0.5 * ((value - ret) ** 2).sum()
-    h = entropy.sum()
+    l_pi = -(m * w * surr).sum()
+    l_v = 0.5 * (m * (value - ret) ** 2).sum()
+    h = (m * entropy).sum()
+    total = l_pi + vf_coef * l_v - ent_coef * h
+    if kl_coef > 0:
+        total = total + kl_coef * (m * kl_k3(logp, logp_ref)).sum()
     with torch.no_grad():
-        clip_frac = ((ratio - 1).abs() > clip).float().sum()
-        approx_kl = ((ratio - 1) - torch.log(ratio)).sum()
-    return LossTerms(l_pi + vf_coef * l_v - ent_coef * h, l_pi.detach(), l_v.detach(), h.detach(),
-                     clip_frac, w.sum(), approx_kl)
+        clip_frac = (m * ((ratio - 1).abs() > clip).float()).sum()
+        approx_kl = (m * ((ratio - 1) - torch.log(ratio))).sum()
+    return LossTerms(total, l_pi.detach(), l_v.detach(), h.detach(), clip_frac, (m * w).sum(), approx_kl)

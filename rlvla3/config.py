@@ -78,7 +78,26 @@ class EnvConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     name: str = "tiny"
-    """Policy family: tiny | emulated (sleeps for the costs below; no torch)."""
+    """Policy family (rlvla3/policies): tiny (plain torch) | openvla (SigLIP + Qwen2/Llama,
+    discrete action tokens) | pi0 (transformers' PI0: flow-matching action expert) | emulated
+    (sleeps for the costs below; no torch)."""
+    chunk: int = 1
+    """Actions per forward (action chunking, OpenVLA-OFT/π0 style). The Simulator executes the K
+    actions of a chunk, one env step each, and records one row per chunk: its reward is the sum
+    over the steps executed, log-prob and advantage are per chunk (a chunk-level MDP)."""
+    decoding: str = "parallel"
+    """openvla: parallel (all K*D action tokens from one forward, OpenVLA-OFT) | autoregressive
+    (one token per forward with a KV cache, OpenVLA)."""
+    lm: str = "qwen2"
+    """openvla: the language model class (transformers): qwen2 | llama."""
+    denoise_steps: int = 4
+    """pi0: denoising steps per action chunk (each one a Gaussian transition, see flow_noise_std)."""
+    flow_noise_std: float = 0.2
+    """pi0: initial std of the noise injected at each denoising step (learned per action dim,
+    kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability."""
+    pretrained: str = ""
+    """openvla/pi0: a local directory with a transformers checkpoint (config.json + weights) to
+    start from instead of random weights; nothing is downloaded."""
     d_model: int = 128
     """Transformer width."""
     layers: int = 2
@@ -116,7 +135,9 @@ class PolicyConfig:
 @dataclass(frozen=True)
 class AlgoConfig:
     name: str = "ppo"
-    """ppo (decoupled PPO with a proximal anchor when samples are stale)."""
+    """ppo: GAE advantages with a critic, decoupled PPO objective for stale samples |
+    grpo: outcome reward normalised within a group of episodes from one initial state, no critic |
+    vtrace: V-trace advantages and value targets (IMPALA) under the clipped PPO objective."""
     lr: float = 3e-4
     """Adam learning rate."""
     gamma: float = 0.99
@@ -131,6 +152,15 @@ class AlgoConfig:
     """Value loss coefficient."""
     ent_coef: float = 0.0
     """Entropy bonus coefficient."""
+    kl_coef: float = 0.0
+    """Weight of a KL penalty to the reference policy (the initial weights; k3 estimator)."""
+    vtrace_rho_clip: float = 1.0
+    """vtrace: clip rho-bar of the importance weights in the value targets and advantages."""
+    vtrace_c_clip: float = 1.0
+    """vtrace: clip c-bar of the trace-cutting weights."""
+    check_logprobs: bool = False
+    """Recompute log-probs of fresh rows with the producing weights and log the largest
+    difference to the Generator's (scalar logp_diff_max): a cheap check that catches most RL bugs."""
     norm_adv: bool = True
     """Normalise advantages to zero mean, unit std over each optimizer step's global batch
     (statistics all-reduced over Trainers, so data parallelism does not change them)."""
@@ -361,6 +391,17 @@ def assign_generators(sizes: list[int], n_gen: int) -> list[int]:
     return owner
 
 
+def episodic(cfg: RunConfig) -> bool:
+    """Whole episodes per segment (grpo): a group resets all its envs with one shared seed at
+    each segment start, and an env whose episode ended waits for that reset."""
+    return cfg.algo.name == "grpo"
+
+
+def group_seed(cfg: RunConfig, gid: int, seq: int) -> int:
+    """The shared reset seed of group `gid`'s segment `seq` (episodic mode)."""
+    return (cfg.seed * 1_000_003 + gid * 100_003 + seq * 7 + 1) % (2**31 - 1)
+
+
 def derive(cfg: RunConfig) -> Derived:
     """Validate `cfg` and compute the layout. Raises ConfigError naming the bad field."""
     validate(cfg)
@@ -405,7 +446,12 @@ def validate(cfg: RunConfig) -> None:
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
     _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
     _require(0.0 <= e.success_rate <= 1.0, "env.success_rate", e.success_rate, "must be in [0, 1]")
-    _require(p.name in ("tiny", "emulated"), "policy.name", p.name, "use tiny or emulated")
+    _require(p.name in ("tiny", "openvla", "pi0", "emulated"), "policy.name", p.name, "use tiny, openvla, pi0 or emulated")
+    _require(p.chunk >= 1, "policy.chunk", p.chunk, "must be >= 1 (actions per forward)")
+    _require(p.decoding in ("parallel", "autoregressive"), "policy.decoding", p.decoding, "use parallel or autoregressive")
+    _require(p.lm in ("qwen2", "llama"), "policy.lm", p.lm, "use qwen2 or llama")
+    _require(p.denoise_steps >= 1, "policy.denoise_steps", p.denoise_steps, "must be >= 1")
+    _require(0.01 <= p.flow_noise_std <= 1.0, "policy.flow_noise_std", p.flow_noise_std, "use a std in [0.01, 1]")
     for name in ("infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):
         _require(getattr(p, name) >= 0, f"policy.{name}", getattr(p, name), "must be >= 0")
     _require(p.train_samples_per_s > 0, "policy.train_samples_per_s", p.train_samples_per_s, "must be > 0")
@@ -414,7 +460,15 @@ def validate(cfg: RunConfig) -> None:
     _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")
     _require(p.torch_threads >= 1, "policy.torch_threads", p.torch_threads, "must be >= 1")
-    _require(a.name == "ppo", "algo.name", a.name, "only 'ppo' (decoupled PPO) exists so far")
+    _require(a.name in ("ppo", "grpo", "vtrace"), "algo.name", a.name, "use ppo, grpo or vtrace")
+    _require(a.kl_coef >= 0, "algo.kl_coef", a.kl_coef, "must be >= 0")
+    _require(a.vtrace_rho_clip > 0 and a.vtrace_c_clip > 0, "algo.vtrace_rho_clip", a.vtrace_rho_clip,
+             "V-trace clips must be > 0")
+    if a.name == "grpo":
+        _require(a.segment_steps * p.chunk >= e.horizon, "algo.segment_steps", a.segment_steps,
+                 f"grpo trains whole episodes: a segment must hold one (algo.segment_steps * policy.chunk >= "
+                 f"env.horizon={e.horizon})")
+        _require(a.vf_coef == 0, "algo.vf_coef", a.vf_coef, "grpo has no critic: set algo.vf_coef=0 (conf/algo/grpo.yaml does)")
     _require(a.segment_steps >= 1, "algo.segment_steps", a.segment_steps, "must be >= 1")
     seg = e.num_envs * a.segment_steps
     _require(a.rollout_batch >= seg and a.rollout_batch % seg == 0, "algo.rollout_batch", a.rollout_batch,
@@ -453,6 +507,9 @@ def validate(cfg: RunConfig) -> None:
              f"every Simulator rank needs >= 1 group of >= 1 env; env.num_envs={e.num_envs} may be < cluster.sim_ranks={c.sim_ranks}")
     _require(sum(map(sum, plan)) == e.num_envs, "sharding.plan", plan, f"group sizes must add up to env.num_envs={e.num_envs}")
     b_max = min(cfg.generator.b_max, p.max_batch)
+    if a.name == "grpo":
+        _require(min(map(min, plan)) >= 2, "sharding.plan", plan,
+                 "grpo compares the episodes of one env group (same initial state): every group needs >= 2 envs")
     _require(max(map(max, plan)) <= b_max, "sharding.plan", plan,
              f"a group larger than the batch limit min(generator.b_max, policy.max_batch)={b_max} could never be served")
     _require(len(plan) and sum(len(r) for r in plan) >= c.gen_ranks, "cluster.gen_ranks", c.gen_ranks,

@@ -5,7 +5,8 @@ Loop (each pass does only what is ready; see `step`):
   2. receive ObsRequests; an ACT request for a rollout step beyond the credits waits (this is
      what bounds staleness: a sample for step k is produced by a version >= k - eta);
   3. the batcher closes a batch at B_max samples or T_max after the batch's first request;
-  4. forward the policy; reply action, action tokens, logprob, value and the producing version.
+  4. forward the policy; reply the action chunk, the policy's sample (token ids or denoising
+     chain), logprob, value and the producing version.
 """
 from __future__ import annotations
 
@@ -152,30 +153,34 @@ class Generator:
         t0 = time.time()
         p0 = time.perf_counter()
         obs = {k: np.concatenate([r.obs[k] for r in batch]) for k in ("images", "proprio", "tokens")}
-        tok, logp, value = self.actor.act(obs, np.concatenate([self._noise(r) for r in batch]))
+        sample, logp, value = self.actor.act(obs, np.concatenate([self._noise(r) for r in batch]))
         dt = time.perf_counter() - p0
         self.metrics.span("infer", t0, dt, batch=n, requests=len(batch), version=self.version)
         self.metrics.span("batch_wait", t0 - wait, wait, batch=n)
         self.batches += 1
         i = 0
         for r in batch:
-            self._reply(r, tok[i:i + r.n], logp[i:i + r.n], value[i:i + r.n])
+            self._reply(r, sample[i:i + r.n], logp[i:i + r.n], value[i:i + r.n])
             i += r.n
 
     def _noise(self, r: Request) -> np.ndarray:
-        """U(0,1) noise for Gumbel-max sampling, keyed by (seed, group, request): a sample never
-        depends on which other requests share its batch."""
+        """The policy's sampling noise (U(0,1) for Gumbel-max over tokens, N(0,1) for a denoising
+        chain), keyed by (seed, group, request): a sample never depends on its batch."""
         rng = np.random.Generator(np.random.Philox(key=[self.cfg.seed, r.gid * 2**32 + r.seq]))
-        return rng.random((r.n, self.sp.action_dim, self.cfg.policy.action_bins), dtype=np.float32)
+        layout = self.sp.sample
+        shape = (r.n, *layout.noise_shape)
+        if layout.noise == "normal":
+            return rng.standard_normal(shape, dtype=np.float32)
+        return rng.random(shape, dtype=np.float32)
 
-    def _reply(self, r: Request, tok, logp, value) -> None:
+    def _reply(self, r: Request, sample, logp, value) -> None:
         g = self.groups[r.gid]
         buf = self.reply_bufs[r.gid]
         prev = self.reply_reqs.get(r.gid)
         if prev is not None:
             self.transport.wait(prev, self.cfg.runtime.liveness_timeout, g.sim_rank, "action reply")
         self.act_codec.pack(buf, (r.gid, r.seq, self.version, r.kind), {
-            "action": self.actor.to_env_action(tok), "action_tokens": tok, "logprob": logp, "value": value})
+            "action": self.actor.to_env_action(sample), "sample": sample, "logprob": logp, "value": value})
         self.reply_reqs[r.gid] = self.transport.isend_buf(g.sim_rank, Tag.ACTION + r.gid, buf)
         self.busy.discard(r.gid)
 

@@ -1,5 +1,7 @@
-"""The Trainer's compute half for torch policies: shard rows, the decoupled PPO step, the
-data-parallel all-reduce, π_prox, and the model/optimizer part of checkpoints.
+"""The Trainer's compute half for torch policies: shard rows, advantages (algo.name: GAE for ppo,
+group-normalised outcomes for grpo, V-trace for vtrace), the clipped (decoupled) PPO step, the
+data-parallel all-reduce, π_prox, the reference policy of the KL term, and the model/optimizer
+part of checkpoints.
 
 The Trainer (trainer.py) decides *what* each optimizer step trains and owns versions, credits,
 the ledger and logs; a learner decides *how*. `policies/emulated.py` has the same interface
@@ -32,12 +34,12 @@ import numpy as np
 import torch
 
 from . import shards
-from .algo import decoupled_ppo_loss, gae
+from .algo import decoupled_ppo_loss, gae, grpo_advantages, vtrace
 from .policies import make_policy
 from .policies.base import flat_params, pick_device
 from .protocol import Slice, Tag
 from .trainer import LOSS_KEYS
-ROW_KEYS = ("images", "proprio", "tokens", "action_tokens", "logp_behav", "logp_prox", "adv", "ret")
+ROW_KEYS = ("images", "proprio", "tokens", "sample", "valid", "logp_behav", "logp_prox", "adv", "ret")
 
 
 @dataclass
@@ -47,25 +49,52 @@ class Rows:
     images: torch.Tensor
     proprio: torch.Tensor
     tokens: torch.Tensor
-    action_tokens: torch.Tensor
+    sample: torch.Tensor      # what the policy sampled (token ids or denoising chain)
+    valid: torch.Tensor       # float 1/0: the row is a decision (grpo: 0 after an episode ended)
     logp_behav: torch.Tensor
     logp_prox: torch.Tensor   # NaN until computed (only needed for stale rows)
     adv: torch.Tensor
     ret: torch.Tensor
     versions: torch.Tensor
+    segment: dict             # time-major arrays V-trace recomputes from each version (else empty)
+    adv_version: int = -1     # vtrace: the version whose π_prox the advantages use
 
 
-def load_rows(path: Path, gamma: float, lam: float) -> Rows:
-    """Read a shard and compute its advantages and returns (GAE over the segment)."""
-    a, _ = shards.read_shard(path)
-    adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], gamma, lam)
+def flat(x: np.ndarray) -> torch.Tensor:
+    """[T, N, ...] -> rows [T*N, ...]."""
+    return torch.from_numpy(np.ascontiguousarray(x.reshape(-1, *x.shape[2:])))
 
-    def flat(x):
-        return torch.from_numpy(np.ascontiguousarray(x.reshape(-1, *x.shape[2:])))
 
+def load_rows(path: Path, algo) -> Rows:
+    """Read a shard and compute its advantages and returns (vtrace: later, per version)."""
+    a, attrs = shards.read_shard(path)
+    segment = {}
+    if algo.name == "grpo":
+        adv, ret = grpo_segment(a, attrs, path.name)
+    elif algo.name == "vtrace":
+        adv = ret = np.zeros_like(a["values"])
+        segment = {k: a[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap")}
+    else:
+        adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], algo.gamma,
+                       algo.gae_lambda)
     lb = flat(a["logprobs"])
-    return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), flat(a["action_tokens"]), lb,
-                torch.full_like(lb, float("nan")), flat(adv), flat(ret), flat(a["versions"]))
+    return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), flat(a["sample"]),
+                flat(a["valid"]).float(), lb, torch.full_like(lb, float("nan")), flat(adv), flat(ret),
+                flat(a["versions"]), segment)
+
+
+def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """GRPO advantages [T, N] of one shard: its N episodes started from one state (checked by the
+    digests of their first observations); each episode's outcome (its return) is normalised
+    within the group and given to every decision of the episode. No critic: ret is unused."""
+    digests = attrs.get("reset_digests") or []
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
+                           f"(first-observation digests {digests} of envs {attrs.get('env_ids')}): the env's reset "
+                           f"is not a function of its seed, or the shard was not written in episodic mode")
+    outcome = (a["rewards"] * a["valid"]).sum(0)
+    adv = np.broadcast_to(grpo_advantages(outcome), a["rewards"].shape) * a["valid"]
+    return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
 
 
 class TorchLearner:
@@ -82,6 +111,8 @@ class TorchLearner:
         self.bad: set[str] = set()
         self.version = 0   # the version being trained (set by each `train`)
         self.prox = self._snapshot()
+        # The KL term's reference: the initial (or pretrained) weights, frozen.
+        self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.kl_coef > 0 else None
 
     # ------------------------------------------------------------ setup
     def connect(self, transport, train_ranks: list[int]) -> None:
@@ -104,8 +135,11 @@ class TorchLearner:
                                 world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.liveness_timeout))
 
     def _snapshot(self):
-        """π_prox: the weights at the start of the rollout step (only stale rows need it)."""
-        return copy.deepcopy(self.policy).eval() if self.cfg.mode.eta > 0 else None
+        """π_prox: the weights at the start of the rollout step (stale rows need it; so do V-trace
+        and the log-prob check, which compare it with the behaviour policy)."""
+        a = self.cfg.algo
+        need = self.cfg.mode.eta > 0 or a.name == "vtrace" or a.check_logprobs
+        return copy.deepcopy(self.policy).eval() if need else None
 
     # ------------------------------------------------------------ data
     def preload(self, name: str) -> Rows | None:
@@ -114,7 +148,7 @@ class TorchLearner:
         path = self.shards_dir / name
         try:
             with self.metrics.timed("load_shard", shard=name):
-                self.loaded[name] = load_rows(path, self.cfg.algo.gamma, self.cfg.algo.gae_lambda)
+                self.loaded[name] = load_rows(path, self.cfg.algo)
         except shards.ShardError as e:
             shards.quarantine(path, str(e))
             self.bad.add(name)
@@ -139,8 +173,8 @@ class TorchLearner:
         if self.cfg.algo.norm_adv:
             self._normalize_adv(batch)
         if batch is not None:
-            count = batch["adv"].shape[0]
-            for i in range(0, count, self.cfg.algo.micro_batch):
+            count = float(batch["valid"].sum())
+            for i in range(0, batch["adv"].shape[0], self.cfg.algo.micro_batch):
                 mb = {k: v[i:i + self.cfg.algo.micro_batch].to(self.device) for k, v in batch.items()}
                 terms = self._loss(mb)
                 terms.total.backward()
@@ -159,13 +193,14 @@ class TorchLearner:
         """A <- (A - mean) / std over the whole global batch (PPO's usual normalisation; it keeps
         the policy step size independent of the reward scale)."""
         adv = batch["adv"].double() if batch is not None else torch.zeros(0, dtype=torch.float64)
-        n, s, ss = self._allreduce_stats(torch.stack([torch.tensor(float(adv.numel())), adv.sum(), (adv * adv).sum()]))
+        m = batch["valid"].double() if batch is not None else torch.zeros(0, dtype=torch.float64)
+        n, s, ss = self._allreduce_stats(torch.stack([m.sum(), (m * adv).sum(), (m * adv * adv).sum()]))
         if n < 2:
             return
         mean = s / n
         std = float(max(ss / n - mean * mean, 0.0)) ** 0.5
         if batch is not None:
-            batch["adv"] = ((adv - mean) / (std + 1e-8)).float()
+            batch["adv"] = (m * (adv - mean) / (std + 1e-8)).float()
 
     def _allreduce_stats(self, stats: torch.Tensor) -> list[float]:
         """Sum a few float64 statistics over Trainers (no gradients involved)."""
@@ -182,11 +217,26 @@ class TorchLearner:
             rows = self.preload(s.name)
             if rows is None:
                 continue
-            self._fill_prox(rows, s.start, s.stop)
+            if self.cfg.algo.name == "vtrace":
+                self._vtrace(rows)
+            else:
+                self._fill_prox(rows, s.start, s.stop)
             parts.append({k: getattr(rows, k)[s.start:s.stop] for k in ROW_KEYS})
         if not parts:
             return None
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def _prox_eval(self, rows: Rows, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log π_prox and V_prox of rows `idx` (no gradient), in micro-batches."""
+        logps, values = [], []
+        mb = self.cfg.algo.micro_batch
+        with torch.no_grad():
+            for i in range(0, len(idx), mb):
+                j = idx[i:i + mb]
+                lp, _, v = self.prox.evaluate(*(getattr(rows, k)[j].to(self.device) for k in ("images", "proprio", "tokens", "sample")))
+                logps.append(lp.cpu())
+                values.append(v.cpu())
+        return torch.cat(logps), torch.cat(values)
 
     def _fill_prox(self, rows: Rows, start: int, stop: int) -> None:
         """log π_prox for rows [start, stop): the behaviour log-prob for fresh rows (produced by
@@ -196,19 +246,57 @@ class TorchLearner:
         if not todo.any():
             return
         fresh = rows.versions[sl] >= self.version
+        if self.cfg.algo.check_logprobs:
+            self._check_logprobs(rows, torch.nonzero(todo & fresh)[:, 0] + start)
         rows.logp_prox[sl] = torch.where(fresh, rows.logp_behav[sl], rows.logp_prox[sl])
         stale = torch.nonzero(todo & ~fresh)[:, 0] + start
         if len(stale):
-            with torch.no_grad():
-                lp, _, _ = self.prox.evaluate(rows.images[stale].to(self.device), rows.proprio[stale].to(self.device),
-                                              rows.tokens[stale].to(self.device), rows.action_tokens[stale].to(self.device))
-            rows.logp_prox[stale] = lp.cpu()
+            rows.logp_prox[stale] = self._prox_eval(rows, stale)[0]
+
+    def _check_logprobs(self, rows: Rows, fresh: torch.Tensor) -> None:
+        """π_prox holds exactly the weights that produced fresh rows: their log-probs recomputed
+        here must match the Generator's (a mismatch means the two sides disagree on the model,
+        the sample, or the noise). Logged as scalar logp_diff_max."""
+        if len(fresh):
+            lp, _ = self._prox_eval(rows, fresh)
+            diff = float((lp - rows.logp_behav[fresh]).abs().max())
+            self.metrics.scalar("logp_diff_max", diff, rows=len(fresh), version=self.version)
+
+    def _vtrace(self, rows: Rows) -> None:
+        """V-trace advantages and value targets of the whole shard with π_prox as the target
+        policy (recomputed once per version the shard is trained in). Rows produced by this very
+        version need no forward: their π_prox is the behaviour policy and their V is stored."""
+        if rows.adv_version == self.version:
+            return
+        seg = rows.segment
+        T, N = seg["rewards"].shape
+        stale = torch.nonzero(rows.versions < self.version)[:, 0]
+        if self.cfg.algo.check_logprobs:
+            self._check_logprobs(rows, torch.nonzero(rows.versions >= self.version)[:, 0])
+        logp, values = rows.logp_behav.clone(), torch.from_numpy(seg["values"].reshape(-1).copy())
+        if len(stale):
+            logp[stale], values[stale] = self._prox_eval(rows, stale)
+        a = self.cfg.algo
+        log_rho = (logp - rows.logp_behav).numpy().reshape(T, N)
+        vs, adv = vtrace(seg["rewards"], values.numpy().reshape(T, N), seg["terminated"], seg["truncated"],
+                         seg["bootstrap"], log_rho, a.gamma, a.vtrace_rho_clip, a.vtrace_c_clip)
+        rows.adv, rows.ret = flat(adv), flat(vs)
+        # The off-policy correction is inside the V-trace advantages: the surrogate's ratio is
+        # taken around π_prox with no further behaviour weight.
+        rows.logp_prox = logp
+        rows.adv_version = self.version
 
     def _loss(self, mb):
         a = self.cfg.algo
-        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["action_tokens"])
-        return decoupled_ppo_loss(logp, mb["logp_prox"], mb["logp_behav"], mb["adv"], value, mb["ret"], ent,
-                                  a.clip, a.behaviour_clip, a.vf_coef, a.ent_coef)
+        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["sample"])
+        logp_behav = mb["logp_prox"] if a.name == "vtrace" else mb["logp_behav"]
+        logp_ref = None
+        if self.ref is not None:
+            with torch.no_grad():
+                logp_ref, _, _ = self.ref.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["sample"])
+        return decoupled_ppo_loss(logp, mb["logp_prox"], logp_behav, mb["adv"], value, mb["ret"], ent,
+                                  a.clip, a.behaviour_clip, a.vf_coef, a.ent_coef, weight=mb["valid"],
+                                  logp_ref=logp_ref, kl_coef=a.kl_coef)
 
     def _allreduce(self, sums: torch.Tensor) -> torch.Tensor:
         """Sum gradients and loss statistics over Trainers in one collective."""

@@ -160,11 +160,12 @@ def obs_codec(spec) -> Codec:
 
 
 def action_codec(spec) -> Codec:
-    """Reply buffer of one group: env action float32 [n, A], action token ids int32 [n, A],
-    logprob float32 [n], value float32 [n]. The header carries the producing version."""
+    """Reply buffer of one group: the env action chunk float32 [n, K, A], the policy's sample
+    [n, ...] (token ids or denoising chain: policies.SampleLayout), logprob float32 [n], value
+    float32 [n]. The header carries the producing version."""
     return Codec((
-        ("action", (spec.action_dim,), "float32"),
-        ("action_tokens", (spec.action_dim,), "int32"),
+        ("action", (spec.chunk, spec.action_dim), "float32"),
+        ("sample", spec.sample.shape, spec.sample.dtype),
         ("logprob", (), "float32"),
         ("value", (), "float32"),
     ))

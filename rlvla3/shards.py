@@ -31,13 +31,35 @@ import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NAME_RE = re.compile(r"^s(\d{6})-g(\d{5})-q(\d{6})$")
 BAD_DIR = ".bad"
 
-# name -> (per-sample shape suffix after [T, N], dtype); images etc. get their shape from data.
-ARRAYS = ("images", "proprio", "tokens", "action_tokens", "actions", "logprobs", "values", "rewards",
-          "terminated", "truncated", "success", "versions")
+# The arrays of a shard, all time-major [T, N, ...]; one row = one policy decision (a chunk of K
+# env steps when policy.chunk = K):
+#   images     uint8   [T, N, cams, H, W, 3]  observation the decision was taken on
+#   proprio    float32 [T, N, P]
+#   tokens     int32   [T, N, L]              instruction token ids (0 = padding)
+#   sample     family-specific: what the Trainer needs to recompute log pi(sample | obs)
+#              - token families (tiny, openvla): int32 [T, N, K*D] action token ids (chunk-major,
+#                one id per action dim; bin b of `action_bins` maps to 2b/(bins-1) - 1)
+#              - pi0: float32 [T, N, S+1, K, D] the denoising chain x_0..x_S (x_0 = initial noise,
+#                x_S = executed chunk before clipping); log pi = sum over the S Gaussian steps
+#   actions    float32 [T, N, K, D]           env actions of the chunk, in [-1, 1]
+#   logprobs   float32 [T, N]                 log pi_behav(sample | obs) at the Generator
+#   values     float32 [T, N]                 V(obs) at the Generator
+#   rewards    float32 [T, N]                 reward summed over the env steps of the chunk
+#   terminated, truncated, success  bool [T, N]  of the chunk's last env step
+#   env_steps  int16   [T, N]                 env steps the chunk executed (< K if it ended early)
+#   valid      bool    [T, N]                 the env was in an episode when deciding (false only
+#                                             for grpo rows after the env's episode ended)
+#   versions   int32   [T, N]                 policy version that produced the row
+#   bootstrap  float32 [N]                    V(obs after the last row)
+# Attributes: steps, n_envs, rows, min/max_version, episode_ends, successes, env_ids, and for
+# grpo `reset_digests` (crc32 of each env's first observation: equal within a group, or the
+# group's episodes did not start from one state).
+ARRAYS = ("images", "proprio", "tokens", "sample", "actions", "logprobs", "values", "rewards",
+          "terminated", "truncated", "success", "env_steps", "valid", "versions")
 
 
 class ShardError(RuntimeError):

@@ -12,10 +12,15 @@ overlap simulation with inference:
 Segment `seq` of a group belongs to rollout step `seq // segments_per_step`; the Generator
 serves it only once the Trainer has granted credits up to that step (bounded staleness).
 With `mode.env_level` off, the groups of a rank advance in lockstep (the sync baseline).
+
+Episodic mode (grpo, `config.episodic`): a segment holds whole episodes. At each segment start
+the group resets all its envs with one shared seed (one GRPO group = one initial state); an env
+whose episode ended records invalid rows until the segment ends; no bootstrap value is needed.
 """
 from __future__ import annotations
 
 import time
+import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from . import shards
-from .config import Derived, Group, RunConfig
+from .config import Derived, Group, RunConfig, episodic, group_seed
 from .envs import make_vec_env, spec
 from .envs.base import GroupStep
 from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec
@@ -46,16 +51,23 @@ class SegmentBuffer:
             "images": z((T, n, sp.cameras, sp.image_size, sp.image_size, 3), np.uint8),
             "proprio": z((T, n, sp.proprio_dim), np.float32),
             "tokens": z((T, n, sp.instruction_len), np.int32),
-            "action_tokens": z((T, n, sp.action_dim), np.int32),
-            "actions": z((T, n, sp.action_dim), np.float32),
+            "sample": z((T, n, *sp.sample.shape), sp.sample.dtype),
+            "actions": z((T, n, sp.chunk, sp.action_dim), np.float32),
             "logprobs": z((T, n), np.float32),
             "values": z((T, n), np.float32),
             "rewards": z((T, n), np.float32),
             "terminated": z((T, n), bool),
             "truncated": z((T, n), bool),
             "success": z((T, n), bool),
+            "env_steps": z((T, n), np.int16),
+            "valid": z((T, n), bool),
             "versions": z((T, n), np.int32),
         })
+
+
+def obs_digest(images: np.ndarray, proprio: np.ndarray) -> int:
+    """crc32 of one observation: equal digests = the same initial state (grpo's check)."""
+    return zlib.crc32(proprio.astype(np.float32).tobytes(), zlib.crc32(np.ascontiguousarray(images).tobytes()))
 
 
 class GroupLoop:
@@ -76,8 +88,11 @@ class GroupLoop:
         self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
         self.send_req = self.recv_req = None
         self.t_sent = 0.0
+        self.episodic = episodic(cfg)
+        self.alive = np.ones(g.size, bool)           # episodic: envs still in their episode
+        self.reset_digests: list[int] = []
         self.state = RESETTING
-        self.env.start_reset()
+        self._start_reset()
 
     @property
     def step_index(self) -> int:
@@ -107,6 +122,11 @@ class GroupLoop:
     def deadline(self) -> float | None:
         return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
 
+    def _start_reset(self) -> None:
+        """Episodic: every env of the group from one seed; else each env's own seeds."""
+        self.alive[:] = True
+        self.env.start_reset(group_seed(self.sim.cfg, self.g.gid, self.seq) if self.episodic else None)
+
     def _send_request(self, kind: Kind) -> None:
         if self.send_req is not None:
             self.sim.transport.wait(self.send_req, self.sim.cfg.runtime.liveness_timeout, self.gen_rank, "obs send")
@@ -123,8 +143,9 @@ class GroupLoop:
         s, t = self.seg.arrays, self.t
         for k in ("images", "proprio", "tokens"):
             s[k][t] = self.cur[k]
-        s["action_tokens"][t] = r["action_tokens"]
+        s["sample"][t] = r["sample"]
         s["actions"][t] = r["action"]
+        s["valid"][t] = self.alive
         s["logprobs"][t] = r["logprob"]
         s["values"][t] = r["value"]
         s["versions"][t] = version
@@ -135,16 +156,23 @@ class GroupLoop:
         m = self.sim.metrics
         if self.state == STEPPING:
             s, t = self.seg.arrays, self.t
-            s["rewards"][t], s["terminated"][t], s["truncated"][t], s["success"][t] = (
-                out.reward, out.terminated, out.truncated, out.success)
+            s["rewards"][t], s["terminated"][t], s["truncated"][t], s["success"][t], s["env_steps"][t] = (
+                out.reward, out.terminated, out.truncated, out.success, out.env_steps)
+            if self.episodic:
+                self.alive &= ~(out.terminated | out.truncated)
             m.span("sim_step", time.time() - out.step_s, out.step_s, gid=self.g.gid, envs=self.g.size)
             if out.reset_s:
                 m.span("reset", time.time(), out.reset_s, gid=self.g.gid)
             self._count_episodes(out)
             self.t += 1
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
+        if self.state == RESETTING and self.episodic:
+            self.reset_digests = [obs_digest(out.images[i], out.proprio[i]) for i in range(self.g.size)]
         if self.state == STEPPING and self.t == self.T:
-            self._send_request(Kind.BOOTSTRAP)
+            if self.episodic:   # every episode ended within the segment: nothing to bootstrap
+                self._end_segment(np.zeros(self.g.size, np.float32))
+            else:
+                self._send_request(Kind.BOOTSTRAP)
         else:
             self.state = SEND
 
@@ -159,12 +187,18 @@ class GroupLoop:
         self.ret[ended] = 0.0
 
     def _on_bootstrap(self) -> None:
-        bootstrap = self.sim.act_codec.unpack(self.reply_buf, self.g.size)["value"].copy()
+        self._end_segment(self.sim.act_codec.unpack(self.reply_buf, self.g.size)["value"].copy())
+
+    def _end_segment(self, bootstrap: np.ndarray) -> None:
         self.sim.publish(self, bootstrap)
         self.seq += 1
         self.t = 0
         self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
-        self.state = SEND
+        if self.episodic:
+            self.state = RESETTING
+            self._start_reset()
+        else:
+            self.state = SEND
 
     def cancel(self) -> None:
         """At shutdown: drop a pending reply receive (the Generator stops answering)."""
@@ -226,6 +260,8 @@ class Simulator:
         attrs = {"producer_rank": self.rank, "group": g.gid, "seq": group.seq, "step": group.step_index,
                  "env_ids": list(range(g.env_offset, g.env_offset + g.size)),
                  "env": self.cfg.env.name, "task": self.cfg.env.task}
+        if group.episodic:
+            attrs["reset_digests"] = group.reset_digests
         v = arrays["versions"]
         msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
                          group.stats["episodes"], group.stats["successes"], group.stats["return_sum"],

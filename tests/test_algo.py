@@ -87,3 +87,99 @@ def test_gradient_flows_only_through_current_policy():
     t = decoupled_ppo_loss(logp, prox.detach(), behav, torch.tensor([1.0, 1.0]), z, z, z, 0.2, 2.0, 0.0, 0.0)
     t.total.backward()
     assert logp.grad is not None and torch.all(logp.grad != 0)
+
+
+def vtrace_reference(r, v, term, trunc, boot, log_rho, gamma, rho_clip, c_clip):
+    """IMPALA's definition written out: v_s = V(x_s) + sum_t gamma^(t-s) (prod_{i<t} c_i) delta_t,
+    summed until the episode or the segment ends."""
+    T, N = r.shape
+    vs = np.zeros((T, N))
+    adv = np.zeros((T, N))
+    ratio = np.exp(log_rho.astype(np.float64))
+
+    def v_next(t, n):
+        if term[t, n]:
+            return 0.0
+        if trunc[t, n]:
+            return v[t, n]
+        return boot[n] if t == T - 1 else v[t + 1, n]
+
+    for n in range(N):
+        for s in range(T):
+            total, disc, prod_c = 0.0, 1.0, 1.0
+            for t in range(s, T):
+                rho_t = min(rho_clip, ratio[t, n])
+                total += disc * prod_c * rho_t * (r[t, n] + gamma * v_next(t, n) - v[t, n])
+                if term[t, n] or trunc[t, n]:
+                    break
+                disc *= gamma
+                prod_c *= min(c_clip, ratio[t, n])
+            vs[s, n] = v[s, n] + total
+    for n in range(N):
+        for s in range(T):
+            ended = term[s, n] or trunc[s, n] or s == T - 1
+            nxt = v_next(s, n) if ended else vs[s + 1, n]
+            adv[s, n] = min(rho_clip, ratio[s, n]) * (r[s, n] + gamma * nxt - v[s, n])
+    return vs, adv
+
+
+def _segment(rng, T, N):
+    r = rng.normal(size=(T, N)).astype(np.float32)
+    v = rng.normal(size=(T, N)).astype(np.float32)
+    term = rng.random((T, N)) < 0.1
+    trunc = (rng.random((T, N)) < 0.1) & ~term
+    return r, v, term, trunc, rng.normal(size=N).astype(np.float32)
+
+
+def test_vtrace_matches_reference_sums():
+    from rlvla3.algo import vtrace
+    rng = np.random.default_rng(1)
+    r, v, term, trunc, boot = _segment(rng, 19, 4)
+    log_rho = rng.normal(scale=0.7, size=r.shape).astype(np.float32)
+    vs, adv = vtrace(r, v, term, trunc, boot, log_rho, 0.95, 1.0, 0.9)
+    ref_vs, ref_adv = vtrace_reference(r, v, term, trunc, boot, log_rho, 0.95, 1.0, 0.9)
+    np.testing.assert_allclose(vs, ref_vs, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(adv, ref_adv, rtol=1e-4, atol=1e-4)
+
+
+def test_vtrace_on_policy_is_lambda_one_return():
+    """rho = c = 1 (on-policy, clips >= 1): v_s is the n-step bootstrapped return, i.e. GAE(lambda=1)."""
+    from rlvla3.algo import vtrace
+    rng = np.random.default_rng(2)
+    r, v, term, trunc, boot = _segment(rng, 17, 3)
+    vs, _ = vtrace(r, v, term, trunc, boot, np.zeros_like(r), 0.9, 1.0, 1.0)
+    _, ret = gae(r, v, term, trunc, boot, 0.9, 1.0)
+    np.testing.assert_allclose(vs, ret, rtol=1e-5, atol=1e-5)
+
+
+def test_grpo_advantages_match_group_normalisation():
+    from rlvla3.algo import grpo_advantages
+    R = np.array([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0], np.float32)
+    adv = grpo_advantages(R)
+    mean = sum(R) / len(R)
+    std = math.sqrt(sum((x - mean) ** 2 for x in R) / len(R))
+    np.testing.assert_allclose(adv, [(x - mean) / (std + 1e-6) for x in R], rtol=1e-5)
+    assert not grpo_advantages(np.ones(4, np.float32)).any(), "equal outcomes carry no signal"
+
+
+def test_kl_k3_is_unbiased_for_the_true_kl():
+    from rlvla3.algo import kl_k3
+    g = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(6, generator=g), 0)
+    q = torch.softmax(torch.randn(6, generator=g), 0)
+    exact = float((p * (p.log() - q.log())).sum())
+    x = torch.multinomial(p, 200_000, replacement=True, generator=g)
+    est = float(kl_k3(p.log()[x], q.log()[x]).mean())
+    assert abs(est - exact) < 0.02 * max(exact, 0.05), (est, exact)
+    assert float(kl_k3(p.log(), p.log()).abs().max()) == 0.0
+
+
+def test_weighted_loss_ignores_padding_rows():
+    """Rows with weight 0 (grpo rows after an episode ended) change nothing."""
+    g = torch.Generator().manual_seed(4)
+    n = 10
+    a = [torch.randn(n, generator=g) for _ in range(7)]
+    w = torch.tensor([1.0] * 6 + [0.0] * 4)
+    full = decoupled_ppo_loss(*a, 0.2, 2.0, 0.5, 0.01, weight=w)
+    kept = decoupled_ppo_loss(*(x[:6] for x in a), 0.2, 2.0, 0.5, 0.01)
+    assert torch.isclose(full.total, kept.total) and torch.isclose(full.approx_kl, kept.approx_kl)

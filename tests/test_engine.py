@@ -64,7 +64,7 @@ def test_two_trainers_agree_and_match_one(tmp_path):
     assert names == shards.scan(r2 / "shards")
     for n in names:   # the same data
         x, y = shards.read_shard(r1 / "shards" / n)[0], shards.read_shard(r2 / "shards" / n)[0]
-        np.testing.assert_array_equal(x["action_tokens"], y["action_tokens"])
+        np.testing.assert_array_equal(x["sample"], y["sample"])
     # Adam turns float-rounding differences of the all-reduce into small parameter differences;
     # they must be tiny next to how far training moved the parameters.
     from rlvla3 import config

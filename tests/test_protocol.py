@@ -6,11 +6,14 @@ import textwrap
 
 import numpy as np
 
+from rlvla3.config import PolicyConfig
 from rlvla3.envs import EnvSpec
+from rlvla3.policies import sample_layout
 from rlvla3.protocol import Plan, ShardReady, Slice, WeightsHeader, obs_codec
 from tests.conftest import needs_mpi
 
-SPEC = EnvSpec(cameras=2, image_size=8, proprio_dim=5, action_dim=7, instruction_len=6, vocab=64)
+SPEC = EnvSpec(cameras=2, image_size=8, proprio_dim=5, action_dim=7, instruction_len=6, vocab=64,
+               sample=sample_layout(PolicyConfig(), 7))
 
 
 def test_obs_codec_round_trip_is_exact_and_aligned():
@@ -38,15 +41,17 @@ def test_control_messages_pickle():
 ECHO = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
+    from rlvla3.config import PolicyConfig
     from rlvla3.envs import EnvSpec
+    from rlvla3.policies import sample_layout
     from rlvla3.protocol import Tag, ShardReady, action_codec
     comm = MPI.COMM_WORLD
-    spec = EnvSpec(1, 8, 3, 7, 4, 32)
+    spec = EnvSpec(1, 8, 3, 7, 4, 32, sample_layout(PolicyConfig(chunk=2), 7))
     c = action_codec(spec)
     if comm.rank == 0:
         buf = c.alloc(4)
-        arrays = {"action": np.linspace(-1, 1, 28, dtype=np.float32).reshape(4, 7),
-                  "action_tokens": np.arange(28, dtype=np.int32).reshape(4, 7),
+        arrays = {"action": np.linspace(-1, 1, 56, dtype=np.float32).reshape(4, 2, 7),
+                  "sample": np.arange(56, dtype=np.int32).reshape(4, 14),
                   "logprob": np.array([-1, -2, -3, -4], np.float32), "value": np.ones(4, np.float32)}
         c.pack(buf, (9, 8, 7, 0), arrays)
         comm.Send(buf, dest=1, tag=Tag.ACTION + 9)

@@ -15,14 +15,16 @@ def segment(T=8, N=3, fill=1):
         "images": np.full((T, N, 1, 8, 8, 3), fill, np.uint8),
         "proprio": np.full((T, N, 4), fill, np.float32),
         "tokens": np.full((T, N, 6), fill, np.int32),
-        "action_tokens": np.full((T, N, 2), fill, np.int32),
-        "actions": np.full((T, N, 2), fill, np.float32),
+        "sample": np.full((T, N, 2), fill, np.int32),
+        "actions": np.full((T, N, 1, 2), fill, np.float32),
         "logprobs": np.full((T, N), fill, np.float32),
         "values": np.full((T, N), fill, np.float32),
         "rewards": np.full((T, N), fill, np.float32),
         "terminated": np.zeros((T, N), bool),
         "truncated": np.zeros((T, N), bool),
         "success": np.zeros((T, N), bool),
+        "env_steps": np.ones((T, N), np.int16),
+        "valid": np.ones((T, N), bool),
         "versions": np.full((T, N), 3, np.int32),
     }
 

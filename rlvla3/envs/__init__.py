@@ -21,6 +21,11 @@ class EnvSpec:
     action_dim: int
     instruction_len: int
     vocab: int
+    sample: "SampleLayout"   # what the policy samples per observation (policies.SampleLayout)
+
+    @property
+    def chunk(self) -> int:
+        return self.sample.chunk
 
 
 def spec(cfg) -> EnvSpec:
@@ -36,7 +41,8 @@ def spec(cfg) -> EnvSpec:
         cams, prop, act = 1, e.proprio_dim, e.action_dim
     else:
         raise ValueError(f"env.name={e.name!r} is unknown")
-    return EnvSpec(cams, e.image_size, prop, act, p.instruction_len, p.vocab)
+    from ..policies import sample_layout   # numpy-free dataclass; imports nothing heavy
+    return EnvSpec(cams, e.image_size, prop, act, p.instruction_len, p.vocab, sample_layout(p, act))
 
 
 def tokenize(text: str, length: int, vocab: int) -> np.ndarray:

@@ -5,9 +5,11 @@ A single env (toy.py, emulated.py, robosuite_env.py) implements:
     step(action float32[A] in [-1, 1]) -> (Obs, reward, terminated, success, delay_s)
 where delay_s is extra latency the env asks its host to emulate (0 for real simulators).
 
-`Episode` wraps one env: counts steps, truncates at the horizon, auto-resets at episode end
-(timing the reset apart from the step), draws per-episode seeds, and turns an exception in the
-env into a truncated episode (counted) instead of a crash.
+`Episode` wraps one env: executes an action chunk (K actions, one env step each, stopping at
+episode end), counts steps, truncates at the horizon, auto-resets at episode end (timing the
+reset apart from the step), draws per-episode seeds, and turns an exception in the env into a
+truncated episode (counted) instead of a crash. Episodic mode (grpo): no auto-reset; an ended
+episode ignores further chunks until the group resets all its envs with one shared seed.
 
 A group (`LocalVecEnv` in-process, `ProcessVecEnv` one spawned child per env) is driven
 without blocking: start_step(actions) ... ready() ... result(). A child that exceeds the step or
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..config import episodic
 from . import make_env, spec, tokenize
 
 
@@ -41,9 +44,10 @@ class StepOut:
     truncated: bool
     success: bool
     error: bool              # the env raised or hung; the episode was cut and the env reset
-    step_s: float            # wall time of the step itself
+    step_s: float            # wall time of the steps themselves
     reset_s: float           # wall time of the auto-reset (0 if none)
     delay_s: float           # emulated latency still to wait (emulated env only)
+    steps: int = 1           # env steps executed (chunk actions until the episode ended)
 
 
 def episode_seed(base: int, env_id: int, episode: int) -> int:
@@ -51,38 +55,57 @@ def episode_seed(base: int, env_id: int, episode: int) -> int:
 
 
 class Episode:
-    """One env with horizon, auto-reset and error containment."""
+    """One env with horizon, chunk execution, auto-reset and error containment."""
 
     def __init__(self, cfg, env_id: int, seed: int):
         self.env = make_env(cfg, env_id)
         self.horizon = cfg.env.horizon
+        self.auto_reset = not episodic(cfg)
         self.env_id, self.seed = env_id, seed
         self.episode, self.t = 0, 0
+        self.ended = False
+        self.last_obs: Obs | None = None
 
-    def reset(self) -> Obs:
-        self.t = 0
-        obs = self.env.reset(episode_seed(self.seed, self.env_id, self.episode))
+    def reset(self, seed: int | None = None) -> Obs:
+        """Start an episode: from `seed` when given (grpo: one seed for a whole group), else from
+        this env's own per-episode seed."""
+        self.t, self.ended = 0, False
+        obs = self.env.reset(episode_seed(self.seed, self.env_id, self.episode) if seed is None else seed)
         self.episode += 1
+        self.last_obs = obs
         return obs
 
-    def step(self, action: np.ndarray) -> StepOut:
-        t0 = time.perf_counter()
-        error = False
-        try:
-            obs, reward, terminated, success, delay = self.env.step(np.clip(action, -1.0, 1.0))
-        except Exception:
-            traceback.print_exc()
-            obs, reward, terminated, success, delay, error = None, 0.0, False, False, 0.0, True
-        self.t += 1
-        truncated = error or (not terminated and self.t >= self.horizon)
-        t1 = time.perf_counter()
+    def step(self, actions: np.ndarray) -> StepOut:
+        """Execute the chunk `actions` [K, A] (or one action [A]) until it ends or the episode does."""
+        chunk = np.asarray(actions, np.float32).reshape(-1, np.shape(actions)[-1])
+        if self.ended:   # episodic: wait for the group's reset
+            return StepOut(self.last_obs, 0.0, False, False, False, False, 0.0, 0.0, 0.0, steps=0)
+        reward = delay = step_s = 0.0
+        obs, terminated, truncated, success, error, steps = self.last_obs, False, False, False, False, 0
+        for action in chunk:
+            t0 = time.perf_counter()
+            try:
+                obs, r, terminated, success, d = self.env.step(np.clip(action, -1.0, 1.0))
+            except Exception:
+                traceback.print_exc()
+                obs, r, terminated, success, d, error = self.last_obs, 0.0, False, False, 0.0, True
+            step_s += time.perf_counter() - t0
+            reward, delay, steps, self.t = reward + r, delay + d, steps + 1, self.t + 1
+            truncated = error or (not terminated and self.t >= self.horizon)
+            self.last_obs = obs
+            if terminated or truncated:
+                break
         reset_s = 0.0
         if terminated or truncated:
-            obs = self.reset()
-            reset_s = time.perf_counter() - t1
-            delay += getattr(self.env, "reset_delay", 0.0)
+            if self.auto_reset:
+                t1 = time.perf_counter()
+                obs = self.reset()
+                reset_s = time.perf_counter() - t1
+                delay += getattr(self.env, "reset_delay", 0.0)
+            else:
+                self.ended = True
         return StepOut(obs, float(reward), bool(terminated), bool(truncated), bool(success), error,
-                       t1 - t0, reset_s, delay)
+                       step_s, reset_s, delay, steps)
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)
@@ -102,6 +125,7 @@ class GroupStep:
     truncated: np.ndarray
     success: np.ndarray
     errors: int
+    env_steps: np.ndarray    # int16 [n]: env steps each env executed
     step_s: float            # max over envs
     reset_s: float           # sum over envs that reset
 
@@ -127,13 +151,14 @@ class _GroupBase:
             truncated=np.array([o.truncated for o in outs]),
             success=np.array([o.success for o in outs]),
             errors=sum(o.error for o in outs),
+            env_steps=np.array([o.steps for o in outs], np.int16),
             step_s=max(o.step_s for o in outs),
             reset_s=sum(o.reset_s for o in outs),
         )
 
     @staticmethod
     def first(obs: list[Obs]) -> list[StepOut]:
-        return [StepOut(o, 0.0, False, False, False, False, 0.0, 0.0, 0.0) for o in obs]
+        return [StepOut(o, 0.0, False, False, False, False, 0.0, 0.0, 0.0, steps=0) for o in obs]
 
 
 class LocalVecEnv(_GroupBase):
@@ -146,8 +171,8 @@ class LocalVecEnv(_GroupBase):
         self._out: list[StepOut] | None = None
         self._ready_at = 0.0
 
-    def start_reset(self) -> None:
-        self._out = self.first([e.reset() for e in self.eps])
+    def start_reset(self, seed: int | None = None) -> None:
+        self._out = self.first([e.reset(seed) for e in self.eps])
         self._ready_at = time.monotonic()
 
     def start_step(self, actions: np.ndarray) -> None:
@@ -181,7 +206,7 @@ def _worker(conn, cfg, env_id: int, seed: int, episode: int) -> None:
             conn.close()
             return
         if cmd[0] == "reset":
-            conn.send(ep.reset())
+            conn.send(ep.reset(cmd[1]))
         else:
             out = ep.step(cmd[1])
             conn.send(out)
@@ -218,10 +243,10 @@ class ProcessVecEnv(_GroupBase):
             p.join(timeout=5)
         self.conns[k].close()
 
-    def start_reset(self) -> None:
+    def start_reset(self, seed: int | None = None) -> None:
         deadline = time.monotonic() + self.cfg.env.reset_timeout
         for k, c in enumerate(self.conns):
-            c.send(("reset",))
+            c.send(("reset", seed))
             self._pending[k] = ("reset", deadline)
 
     def start_step(self, actions: np.ndarray) -> None:
@@ -243,7 +268,7 @@ class ProcessVecEnv(_GroupBase):
                 self._out[k] = self.first([msg])[0] if kind in ("reset", "restart") and isinstance(msg, Obs) else msg
                 if kind == "restart":
                     o = self._out[k]
-                    self._out[k] = StepOut(o.obs, 0.0, False, True, False, True, 0.0, 0.0, 0.0)
+                    self._out[k] = StepOut(o.obs, 0.0, False, True, False, True, 0.0, 0.0, 0.0, steps=0)
                 del self._pending[k]
             elif now > deadline:
                 self._restart(k, kind)
@@ -258,7 +283,7 @@ class ProcessVecEnv(_GroupBase):
         self._kill(k)
         self.restarts[k] += 1
         self._spawn(k)
-        self.conns[k].send(("reset",))
+        self.conns[k].send(("reset", None))
         self._pending[k] = ("restart", time.monotonic() + self.cfg.env.reset_timeout)
 
     def result(self) -> GroupStep:

@@ -1,13 +1,16 @@
 """The policy interface the Generator and Trainer use.
 
 A policy maps a batch of observations (images uint8 [n, cams, H, W, 3], proprio float32 [n, P],
-instruction tokens int32 [n, L]) to a distribution over discrete action tokens
-(int [n, A] with `action_bins` values per dimension) and a value estimate V(s).
-- `act` samples tokens with given uniform noise (Gumbel-max), so a sample depends only on its
-  own noise, never on which other samples share the batch;
-- `evaluate` returns log pi(a|s), entropy and V(s) with gradients, for the Trainer;
-- `to_env_action` maps tokens to the env's continuous action.
-Later families (action chunks, flow-matching heads) extend this interface.
+instruction tokens int32 [n, L]) to a distribution over what it samples (its `SampleLayout`:
+action token ids, or a denoising chain) and a value estimate V(s):
+- `act(obs, noise)` samples with the given noise, so a sample depends only on its own noise,
+  never on which other samples share the batch; returns (sample, log pi(sample|s), V(s));
+- `evaluate(obs, sample)` returns log pi(sample|s), entropy and V(s) with gradients, for the
+  Trainer (log pi of the same weights must match `act`'s: algo.check_logprobs measures it);
+- `to_env_action(sample)` maps a sample to the env's action chunk [n, K, D] in [-1, 1].
+
+`TokenPolicy` is the discrete-token case (OpenVLA-style bins): a family gives per-token logits
+and V(s), and sampling is Gumbel-max over the `action_bins` of each of the K*D action tokens.
 """
 from __future__ import annotations
 
@@ -17,34 +20,57 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import tokens_to_actions
+
 
 class Policy(nn.Module):
     action_bins: int
+    chunk: int
+    action_dim: int
+
+    def act(self, images, proprio, tokens, noise):
+        raise NotImplementedError
+
+    def evaluate(self, images, proprio, tokens, sample):
+        raise NotImplementedError
+
+    def to_env_action(self, sample: np.ndarray) -> np.ndarray:
+        return tokens_to_actions(sample, self.action_bins, self.chunk, self.action_dim)
+
+
+def gumbel_argmax(logp_all: torch.Tensor, uniform_noise: torch.Tensor) -> torch.Tensor:
+    """Sample from softmax(logp_all) with the given U(0,1) noise (Gumbel-max trick)."""
+    gumbel = -torch.log(-torch.log(uniform_noise.clamp(1e-10, 1 - 1e-7)))
+    return torch.argmax(logp_all + gumbel, -1)
+
+
+def token_logp_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum over action tokens of log p(token) and of the per-token entropy: [n], [n]."""
+    logp_all = torch.log_softmax(logits.float(), -1)
+    logp = logp_all.gather(-1, tokens.long()[..., None])[..., 0].sum(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1).sum(-1)
+    return logp, entropy
+
+
+class TokenPolicy(Policy):
+    """Action tokens decoded in parallel from one forward: logits [n, K*D, bins] and V(s) [n]."""
 
     def logits_and_value(self, images, proprio, tokens) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     @torch.no_grad()
-    def act(self, images, proprio, tokens, uniform_noise: torch.Tensor):
-        """Sample action tokens by Gumbel-max with the given U(0,1) noise [n, A, bins]."""
+    def act(self, images, proprio, tokens, noise):
+        """Sample action tokens by Gumbel-max with the given U(0,1) noise [n, K*D, bins]."""
         logits, value = self.logits_and_value(images, proprio, tokens)
-        logp_all = torch.log_softmax(logits.float(), -1)
-        gumbel = -torch.log(-torch.log(uniform_noise.clamp(1e-10, 1 - 1e-7)))
-        tok = torch.argmax(logp_all + gumbel, -1)
-        logp = logp_all.gather(-1, tok[..., None])[..., 0].sum(-1)
-        return tok, logp, value.float()
+        tok = gumbel_argmax(torch.log_softmax(logits.float(), -1), noise)
+        logp, _ = token_logp_entropy(logits, tok)
+        return tok.to(torch.int32), logp, value.float()
 
-    def evaluate(self, images, proprio, tokens, action_tokens):
-        """log pi(a|s) [n] (summed over action dims), entropy [n], V(s) [n]."""
+    def evaluate(self, images, proprio, tokens, sample):
+        """log pi(a|s) [n] (summed over action tokens), entropy [n], V(s) [n]."""
         logits, value = self.logits_and_value(images, proprio, tokens)
-        logp_all = torch.log_softmax(logits.float(), -1)
-        logp = logp_all.gather(-1, action_tokens.long()[..., None])[..., 0].sum(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1).sum(-1)
+        logp, entropy = token_logp_entropy(logits, sample)
         return logp, entropy, value.float()
-
-    def to_env_action(self, action_tokens: np.ndarray) -> np.ndarray:
-        """Token ids -> bin centres in [-1, 1]."""
-        return (action_tokens.astype(np.float32) / (self.action_bins - 1)) * 2.0 - 1.0
 
 
 def flat_params(model: nn.Module) -> np.ndarray:
@@ -83,10 +109,11 @@ class TorchActor:
         load_flat_params(self.policy, flat)
 
     def act(self, obs: dict[str, np.ndarray], noise: np.ndarray):
-        """(action tokens, log-prob, value) as numpy for a batch of observations."""
+        """(sample, log-prob, value) as numpy for a batch of observations."""
         t = {k: torch.from_numpy(v).to(self.device) for k, v in obs.items()}
-        tok, logp, value = self.policy.act(t["images"], t["proprio"], t["tokens"], torch.from_numpy(noise).to(self.device))
-        return tok.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
+        with torch.no_grad():
+            sample, logp, value = self.policy.act(t["images"], t["proprio"], t["tokens"], torch.from_numpy(noise).to(self.device))
+        return sample.cpu().numpy(), logp.float().cpu().numpy(), value.float().cpu().numpy()
 
-    def to_env_action(self, action_tokens: np.ndarray) -> np.ndarray:
-        return self.policy.to_env_action(action_tokens)
+    def to_env_action(self, sample: np.ndarray) -> np.ndarray:
+        return self.policy.to_env_action(sample)

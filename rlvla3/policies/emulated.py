@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import tokens_to_actions
+
 
 def _sleep_ms(ms: float) -> None:
     if ms > 0:
@@ -44,11 +46,11 @@ class EmulatedActor:
         n = obs["proprio"].shape[0]
         _sleep_ms(self.c.infer_fixed_ms + self.c.infer_per_sample_ms * n)
         tok = noise.argmax(-1)  # flat logits: Gumbel-max picks the largest uniform
-        logp = np.full(n, -self.spec.action_dim * math.log(self.c.action_bins), np.float32)
-        return tok, logp, np.zeros(n, np.float32)
+        logp = np.full(n, -tok.shape[1] * math.log(self.c.action_bins), np.float32)
+        return tok.astype(np.int32), logp, np.zeros(n, np.float32)
 
     def to_env_action(self, action_tokens: np.ndarray) -> np.ndarray:
-        return (action_tokens.astype(np.float32) / (self.c.action_bins - 1)) * 2.0 - 1.0
+        return tokens_to_actions(action_tokens, self.c.action_bins, self.spec.chunk, self.spec.action_dim)
 
 
 class EmulatedLearner:

@@ -1,7 +1,7 @@
 """`tiny`: a small VLA in plain torch, shaped like the real ones.
 
 Tokens: image patches (a linear patch encoder per camera, ViT style), instruction words, one
-proprio token, then one query token per action dimension and one value token. A pre-norm
+proprio token, then one query token per action token (K*D for a chunk of K actions of D dims) and one value token. A pre-norm
 transformer encoder mixes them; each action query predicts `action_bins` logits for its
 dimension (OpenVLA-style discrete bins, decoded in parallel as in OpenVLA-OFT), and the value
 token feeds the value head V(s).
@@ -11,15 +11,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import Policy
+from .base import TokenPolicy
 
 
-class TinyVLA(Policy):
+class TinyVLA(TokenPolicy):
     def __init__(self, pcfg, spec):
         super().__init__()
         torch.manual_seed(pcfg.init_seed)
         d, p = pcfg.d_model, pcfg.patch
-        self.patch, self.action_bins, self.action_dim = p, pcfg.action_bins, spec.action_dim
+        self.patch, self.action_bins, self.action_dim, self.chunk = p, pcfg.action_bins, spec.action_dim, spec.chunk
         side = spec.image_size // p
         self.patch_embed = nn.Linear(p * p * 3, d)
         self.patch_pos = nn.Parameter(sincos_2d(side, d).repeat(1, spec.cameras, 1))
@@ -36,7 +36,7 @@ class TinyVLA(Policy):
         nn.init.zeros_(self.film.bias)
         self.word_pos = nn.Parameter(torch.randn(1, spec.instruction_len, d) * 0.5)
         self.proprio_embed = nn.Linear(spec.proprio_dim, d)
-        self.queries = nn.Parameter(torch.randn(1, spec.action_dim + 1, d) * 0.5)
+        self.queries = nn.Parameter(torch.randn(1, spec.chunk * spec.action_dim + 1, d) * 0.5)
         layer = nn.TransformerEncoderLayer(d, pcfg.heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, pcfg.layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d)
