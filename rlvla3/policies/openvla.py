@@ -1,0 +1,154 @@
+"""`openvla`: an OpenVLA-style VLA built from transformers' own model classes.
+
+    images -> SigLIP vision tower (SiglipVisionModel) -> 2-layer MLP projector (Prismatic's)
+    instruction ids -> the language model's embeddings;  proprio -> an MLP projector (OFT's)
+    [image tokens | instruction | proprio | action tokens] -> Qwen2 or Llama causal LM
+
+Actions are discrete: each action dim of each chunk step is one token among the last
+`action_bins` ids of the LM vocabulary (OpenVLA reuses the 256 least-used ids the same way);
+log pi(a|s) is the sum over the K*D action-token log-probs, restricted to those ids.
+- decoding=autoregressive (OpenVLA): token i is predicted at the position of token i-1 (token 0
+  at the proprio token); `act` decodes with the LM's KV cache, `evaluate` is one teacher-forced
+  forward over the sampled tokens.
+- decoding=parallel (OpenVLA-OFT): K*D learned "empty" action embeddings follow the prefix and all
+  tokens come from one forward. (OFT attends bidirectionally among them; with a causal LM each
+  sees the prefix and earlier empties, which carry no information, so it is the same model.)
+The value head reads the LM's last hidden state at the proprio token (the end of the prefix).
+
+Random-initialised from `policy` sizes (tests, benchmarks), or loaded from `policy.pretrained`: a
+local directory with `vision/` (a SigLIP checkpoint) and `lm/` (a Qwen2/Llama checkpoint) in
+transformers' format; nothing is downloaded. Instruction ids are the project's hashed words
+(envs.tokenize), so a pretrained LM sees ids that are not its tokenizer's: fine for RL from
+scratch and for the tests, not what a user fine-tuning a real checkpoint wants.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .base import TokenPolicy, gumbel_argmax, token_logp_entropy
+
+
+def require_checkpoint(path: Path, what: str) -> Path:
+    """A local checkpoint directory, or a clear error saying which file is missing."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"policy.pretrained: no {what} checkpoint at {path} (expected {path}/config.json and "
+                                f"its weights, e.g. model.safetensors, saved by transformers' save_pretrained); "
+                                f"nothing is downloaded at run time")
+    return path
+
+
+class OpenVLA(TokenPolicy):
+    def __init__(self, pcfg, spec):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, SiglipVisionConfig, SiglipVisionModel
+
+        torch.manual_seed(pcfg.init_seed)
+        self.action_bins, self.action_dim, self.chunk = pcfg.action_bins, spec.action_dim, spec.chunk
+        self.n_act = spec.chunk * spec.action_dim
+        self.autoregressive = pcfg.decoding == "autoregressive"
+        lm_cls, lm_cfg_cls = (Qwen2ForCausalLM, Qwen2Config) if pcfg.lm == "qwen2" else (LlamaForCausalLM, LlamaConfig)
+        d = pcfg.d_model
+        if pcfg.pretrained:
+            root = Path(pcfg.pretrained)
+            self.vision = SiglipVisionModel.from_pretrained(require_checkpoint(root / "vision", "SigLIP vision"), local_files_only=True)
+            self.lm = lm_cls.from_pretrained(require_checkpoint(root / "lm", pcfg.lm), local_files_only=True)
+        else:
+            self.vision = SiglipVisionModel(SiglipVisionConfig(
+                hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,
+                image_size=spec.image_size, patch_size=pcfg.patch))
+            self.lm = lm_cls(lm_cfg_cls(
+                hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,
+                num_key_value_heads=pcfg.heads, vocab_size=pcfg.vocab + pcfg.action_bins,
+                max_position_embeddings=1024, tie_word_embeddings=False))
+        dv, dl = self.vision.config.hidden_size, self.lm.config.hidden_size
+        self.vocab_size = self.lm.config.vocab_size
+        if self.vocab_size < pcfg.vocab + pcfg.action_bins:
+            raise ValueError(f"the LM's vocabulary ({self.vocab_size}) is smaller than policy.vocab + policy.action_bins = "
+                             f"{pcfg.vocab + pcfg.action_bins}")
+        self.projector = nn.Sequential(nn.Linear(dv, dl), nn.GELU(), nn.Linear(dl, dl))
+        self.proprio_proj = nn.Sequential(nn.Linear(spec.proprio_dim, dl), nn.GELU(), nn.Linear(dl, dl))
+        self.value_head = nn.Linear(dl, 1)
+        if not self.autoregressive:
+            self.action_queries = nn.Parameter(torch.randn(1, self.n_act, dl) * 0.02)
+
+    # ------------------------------------------------------------ pieces
+    @property
+    def first_action_id(self) -> int:
+        return self.vocab_size - self.action_bins
+
+    def _prefix(self, images, proprio, tokens) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings [n, S, d] and attention mask [n, S] of images, instruction and proprio."""
+        n, cams = images.shape[:2]
+        size = self.vision.config.image_size
+        x = images.reshape(n * cams, *images.shape[2:]).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)  # SigLIP: [-1, 1]
+        if x.shape[-1] != size:
+            x = nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        img = self.projector(self.vision(pixel_values=x).last_hidden_state).reshape(n, -1, self.lm.config.hidden_size)
+        words = self.lm.get_input_embeddings()(tokens.long())
+        prop = self.proprio_proj(proprio.float())[:, None]
+        emb = torch.cat([img, words, prop], 1)
+        mask = torch.ones(emb.shape[:2], dtype=torch.long, device=emb.device)
+        mask[:, img.shape[1]:img.shape[1] + tokens.shape[1]] = (tokens != 0).long()
+        return emb, mask
+
+    def _action_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """LM-head logits of the action ids only: [..., bins]."""
+        w = self.lm.lm_head.weight[self.first_action_id:]
+        b = self.lm.lm_head.bias[self.first_action_id:] if self.lm.lm_head.bias is not None else None
+        return nn.functional.linear(h, w, b)
+
+    def _run(self, emb, mask, **kw):
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        return self.lm.model(inputs_embeds=emb, attention_mask=mask, position_ids=pos, **kw)
+
+    # ------------------------------------------------------------ one forward over known actions
+    def _logits_and_value(self, images, proprio, tokens, action_tokens=None):
+        emb, mask = self._prefix(images, proprio, tokens)
+        s = emb.shape[1]
+        if self.autoregressive:
+            prev = self.lm.get_input_embeddings()(action_tokens[:, :-1].long() + self.first_action_id)
+            tail = prev
+        else:
+            tail = self.action_queries.expand(emb.shape[0], -1, -1)
+        full = torch.cat([emb, tail], 1)
+        h = self._run(full, torch.cat([mask, torch.ones(tail.shape[:2], dtype=mask.dtype, device=mask.device)], 1)).last_hidden_state
+        value = self.value_head(h[:, s - 1])[:, 0]
+        act_h = h[:, s - 1:s - 1 + self.n_act] if self.autoregressive else h[:, s:]
+        return self._action_logits(act_h), value
+
+    def logits_and_value(self, images, proprio, tokens):
+        if self.autoregressive:
+            raise RuntimeError("autoregressive decoding has no single-forward logits; use act/evaluate")
+        return self._logits_and_value(images, proprio, tokens)
+
+    def evaluate(self, images, proprio, tokens, sample):
+        logits, value = self._logits_and_value(images, proprio, tokens, sample)
+        logp, entropy = token_logp_entropy(logits, sample)
+        return logp, entropy, value.float()
+
+    @torch.no_grad()
+    def act(self, images, proprio, tokens, noise):
+        if not self.autoregressive:
+            return super().act(images, proprio, tokens, noise)
+        emb, mask = self._prefix(images, proprio, tokens)
+        out = self._run(emb, mask, use_cache=True)
+        h, cache = out.last_hidden_state[:, -1], out.cache
+        value = self.value_head(h)[:, 0]
+        pos = (mask.sum(-1) - 1)[:, None]
+        toks, logps = [], []
+        for i in range(self.n_act):
+            logp_all = torch.log_softmax(self._action_logits(h).float(), -1)
+            tok = gumbel_argmax(logp_all, noise[:, i])
+            toks.append(tok)
+            logps.append(logp_all.gather(-1, tok[:, None])[:, 0])
+            if i == self.n_act - 1:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            pos = pos + 1
+            e = self.lm.get_input_embeddings()(tok[:, None] + self.first_action_id)
+            out = self.lm.model(inputs_embeds=e, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+            h, cache = out.last_hidden_state[:, -1], out.cache
+        return torch.stack(toks, 1).to(torch.int32), torch.stack(logps, 1).sum(-1), value.float()

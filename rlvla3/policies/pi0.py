@@ -1,0 +1,142 @@
+"""`pi0`: a π0-style flow-matching VLA (transformers' `PI0ForConditionalGeneration`: PaliGemma
+prefix, Gemma action expert attending to the prefix's KV cache) made into an RL policy.
+
+Sampling follows the flow-noise approach to RL on flow policies: ReinFlow (Zhang et al. 2025,
+https://arxiv.org/abs/2505.22094) and πRL's Flow-Noise (Chen et al. 2025,
+https://arxiv.org/abs/2510.25889). The deterministic Euler denoiser x_{k+1} = x_k + dt v(x_k, t_k)
+(dt = -1/S, t from 1 to 0, as π0) gets Gaussian noise at every step,
+
+    x_{k+1} = mu_k + sigma * eps_{k+1},   mu_k = x_k + dt * v_theta(x_k, t_k | obs),
+
+so each step is a Gaussian transition and the chain x_0 -> ... -> x_S has the tractable
+log pi = sum_k log N(x_{k+1}; mu_k, sigma^2) (x_0 ~ N(0, I) does not depend on theta and is left
+out). sigma is learned per action dim (ReinFlow learns it with a network; one vector here), kept
+in [0.01, 1]. The executed chunk is x_S clipped to [-1, 1]. The shard stores the whole chain,
+which is all the Trainer needs to recompute log pi with gradients. V(s) is a linear head on the
+mean of the prefix's last hidden states (valid positions).
+
+Random-initialised from `policy` sizes, or `policy.pretrained`: a local transformers PI0
+checkpoint directory (chunk size, action and state dims must fit this env); nothing is downloaded.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .base import Policy
+from .openvla import require_checkpoint
+
+LOG_STD_RANGE = (math.log(0.01), 0.0)
+
+
+def tiny_pi0_config(pcfg, spec):
+    from transformers import PI0Config
+
+    d, heads = pcfg.d_model, pcfg.heads
+    gemma = dict(model_type="gemma", hidden_size=d, num_hidden_layers=pcfg.layers, intermediate_size=4 * d,
+                 num_attention_heads=heads, num_key_value_heads=1, head_dim=d // heads, vocab_size=pcfg.vocab + 1)
+    return PI0Config(
+        vlm_config=dict(model_type="paligemma", text_config=gemma, projection_dim=d, image_token_id=pcfg.vocab,
+                        vocab_size=pcfg.vocab + 1,
+                        vision_config=dict(model_type="siglip_vision_model", hidden_size=d, intermediate_size=4 * d,
+                                           patch_size=pcfg.patch, image_size=spec.image_size,
+                                           num_hidden_layers=pcfg.layers, num_attention_heads=heads,
+                                           vision_use_head=False)),
+        dit_config=gemma, chunk_size=spec.chunk, max_state_dim=spec.proprio_dim, max_action_dim=spec.action_dim,
+        num_inference_steps=pcfg.denoise_steps)
+
+
+class Pi0Flow(Policy):
+    def __init__(self, pcfg, spec):
+        super().__init__()
+        from transformers import PI0ForConditionalGeneration
+
+        torch.manual_seed(pcfg.init_seed)
+        self.chunk, self.action_dim, self.steps = spec.chunk, spec.action_dim, pcfg.denoise_steps
+        if pcfg.pretrained:
+            path = require_checkpoint(Path(pcfg.pretrained), "PI0")
+            self.model = PI0ForConditionalGeneration.from_pretrained(path, local_files_only=True)
+        else:
+            self.model = PI0ForConditionalGeneration(tiny_pi0_config(pcfg, spec))
+        c = self.model.config
+        if c.chunk_size != spec.chunk or c.max_action_dim < spec.action_dim or c.max_state_dim < spec.proprio_dim:
+            raise ValueError(f"the PI0 model has chunk_size={c.chunk_size}, max_action_dim={c.max_action_dim}, "
+                             f"max_state_dim={c.max_state_dim}; this run needs policy.chunk={spec.chunk}, "
+                             f"{spec.action_dim} action dims, {spec.proprio_dim} proprio dims")
+        vlm = c.vlm_config
+        self.image_token_id = vlm.image_token_id
+        self.image_size = vlm.vision_config.image_size
+        self.tokens_per_image = (self.image_size // vlm.vision_config.patch_size) ** 2
+        self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
+        self.value_head = nn.Linear(vlm.text_config.hidden_size, 1)
+
+    # ------------------------------------------------------------ pieces
+    def _prefix(self, images, proprio, tokens):
+        """Run the VLM over [image tokens | instruction] once: its KV cache, mask and V(s)."""
+        n, cams = images.shape[:2]
+        x = images.permute(0, 1, 4, 2, 3).float().div(127.5).sub(1.0)   # SigLIP: [-1, 1], [n, cams, 3, H, W]
+        if x.shape[-1] != self.image_size:
+            x = nn.functional.interpolate(x.flatten(0, 1), size=(self.image_size,) * 2, mode="bilinear",
+                                          align_corners=False).unflatten(0, (n, cams))
+        img_ids = torch.full((n, cams * self.tokens_per_image), self.image_token_id, dtype=torch.long, device=tokens.device)
+        ids = torch.cat([img_ids, tokens.long()], 1)
+        mask = torch.cat([torch.ones_like(img_ids), (tokens != 0).long()], 1)
+        cam_mask = torch.ones(n, cams, dtype=torch.bool, device=tokens.device)
+        emb = self.model.model.embed_prefix(ids, x, cam_mask)
+        out = self.model.model.vlm(inputs_embeds=emb, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                                   token_type_ids=torch.zeros_like(mask), use_cache=True)
+        m = mask[..., None].to(out.last_hidden_state.dtype)
+        pooled = (out.last_hidden_state * m).sum(1) / m.sum(1)
+        return out.cache, mask, self.value_head(pooled)[:, 0]
+
+    def _state(self, proprio):
+        pad = self.model.config.max_state_dim - proprio.shape[1]
+        return nn.functional.pad(proprio.float(), (0, pad))
+
+    def _mean_next(self, cache, mask, state, x, k):
+        """mu_k = x_k + dt * v(x_k, t_k): the mean of denoising step k (actions padded to the
+        model's max_action_dim and cut back)."""
+        n = x.shape[0]
+        t = torch.full((n,), 1.0 - k / self.steps, dtype=torch.float32, device=x.device)
+        prefix_len = cache.get_seq_length()
+        xp = nn.functional.pad(x, (0, self.model.config.max_action_dim - self.action_dim))
+        v = self.model(state=state, noise=xp, timestep=t, attention_mask=mask, cache=cache).logits
+        cache.crop(prefix_len - cache.get_seq_length())   # drop this step's tokens: the next attends to the prefix only
+        return x - v[..., :self.action_dim] / self.steps
+
+    def _sigma(self):
+        return self.log_std.clamp(*LOG_STD_RANGE).exp()
+
+    # ------------------------------------------------------------ the policy interface
+    @torch.no_grad()
+    def act(self, images, proprio, tokens, noise):
+        """Denoise from noise[:, 0] with noise[:, k+1] injected at step k: chain [n, S+1, K, D]."""
+        cache, mask, value = self._prefix(images, proprio, tokens)
+        state, sigma = self._state(proprio), self._sigma()
+        x = noise[:, 0]
+        chain, logp = [x], torch.zeros(x.shape[0], device=x.device)
+        for k in range(self.steps):
+            mu = self._mean_next(cache, mask, state, x, k)
+            x = mu + sigma * noise[:, k + 1]
+            logp = logp + torch.distributions.Normal(mu, sigma).log_prob(x).sum((-1, -2))
+            chain.append(x)
+        return torch.stack(chain, 1), logp, value.float()
+
+    def evaluate(self, images, proprio, tokens, sample):
+        """log pi of the stored chain, the entropy of the S Gaussian steps, V(s)."""
+        cache, mask, value = self._prefix(images, proprio, tokens)
+        state, sigma = self._state(proprio), self._sigma()
+        logp = 0.0
+        for k in range(self.steps):
+            mu = self._mean_next(cache, mask, state, sample[:, k], k)
+            logp = logp + torch.distributions.Normal(mu, sigma).log_prob(sample[:, k + 1]).sum((-1, -2))
+        per_step = (0.5 * math.log(2 * math.pi * math.e) + sigma.log()).sum() * self.chunk
+        entropy = (self.steps * per_step).expand(images.shape[0])
+        return logp, entropy, value.float()
+
+    def to_env_action(self, sample: np.ndarray) -> np.ndarray:
+        return np.clip(sample[:, -1], -1.0, 1.0).astype(np.float32)
