@@ -1,5 +1,6 @@
 """`python -m rlvla3.bench throughput [--env emulated|robosuite|toy] [--ladder] [overrides...]`
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
+   `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
 steady-state env steps/s (versions after the first), the ratio to the best sync baseline,
@@ -159,9 +160,85 @@ def weights_bench(a) -> int:
     return 0
 
 
+# Policy families as a user selects them (conf/policy/*.yaml), on the env of the overrides.
+FAMILIES = {
+    "tiny": ["policy=tiny"],
+    "tiny_chunk4": ["policy=tiny", "policy.chunk=4"],
+    "openvla_parallel": ["policy=openvla"],
+    "openvla_autoregressive": ["policy=openvla", "policy.decoding=autoregressive"],
+    "openvla_oft_chunk4": ["policy=openvla", "policy.chunk=4"],
+    "pi0_chunk4": ["policy=pi0"],
+}
+
+
+def families_bench(a) -> int:
+    """Generator forward (`act`) and Trainer step (evaluate + PPO loss + backward + Adam) per
+    policy family and batch size, one torch thread, medians of `--repeats` (after one warm-up)."""
+    import numpy as np
+    import torch
+
+    from .algo import decoupled_ppo_loss
+    from .envs import spec
+    from .policies import make_policy
+
+    torch.set_num_threads(1)
+    names = a.families.split(",") if a.families else list(FAMILIES)
+    rows = []
+    print(f"{'family':24s} {'params':>9s} {'batch':>5s} {'act ms':>8s} {'train ms':>9s} {'act samples/s':>13s}")
+    for name in names:
+        cfg = compose([*a.overrides, *FAMILIES[name]])
+        sp = spec(cfg)
+        policy = make_policy(cfg, sp)
+        opt = torch.optim.Adam(policy.parameters(), lr=1e-5)
+        n_params = sum(p.numel() for p in policy.parameters())
+        for b in (int(x) for x in a.batches.split(",")):
+            rng = np.random.default_rng(0)
+            obs = (torch.from_numpy(rng.integers(0, 255, (b, sp.cameras, sp.image_size, sp.image_size, 3), dtype=np.uint8)),
+                   torch.from_numpy(rng.normal(size=(b, sp.proprio_dim)).astype(np.float32)),
+                   torch.from_numpy(rng.integers(2, sp.vocab, (b, sp.instruction_len)).astype(np.int32)))
+            draw = rng.standard_normal if sp.sample.noise == "normal" else rng.random
+            noise = torch.from_numpy(draw((b, *sp.sample.noise_shape)).astype(np.float32))
+
+            def act():
+                with torch.no_grad():
+                    return policy.act(*obs, noise)
+
+            sample, logp_b, _ = act()
+
+            def train():
+                logp, ent, value = policy.evaluate(*obs, sample)
+                z = torch.zeros(b)
+                decoupled_ppo_loss(logp, logp_b, logp_b, torch.randn(b), value, z, ent, 0.2, 2.0, 0.5, 0.0).total.backward()
+                opt.step()
+                opt.zero_grad()
+
+            t_act, t_train = (median_seconds(f, a.repeats) for f in (act, train))
+            rows.append({"family": name, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train})
+            print(f"{name:24s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f}", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "families.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def median_seconds(fn, repeats: int) -> float:
+    import time
+
+    fn()   # warm-up (allocations, lazy init)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights"])
+    ap.add_argument("what", choices=["throughput", "weights", "families"])
+    ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
+    ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all)")
+    ap.add_argument("--repeats", type=int, default=5, help="families: timed repeats per measurement (median)")
     ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
     ap.add_argument("--generators", default="1,4,16", help="weights: Generator counts")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
@@ -174,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_intermixed_args(argv)  # overrides may follow options
     if a.what == "weights":
         return weights_bench(a)
+    if a.what == "families":
+        return families_bench(a)
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-bench-"))
     rungs = RUNGS_LADDER if a.ladder else RUNGS_BASIC
     results = []

@@ -136,7 +136,7 @@ class PolicyConfig:
 class AlgoConfig:
     name: str = "ppo"
     """ppo: GAE advantages with a critic, decoupled PPO objective for stale samples |
-    grpo: outcome reward normalised within a group of episodes from one initial state, no critic |
+    grpo: outcome (success 1/0) normalised within a group of episodes from one initial state, no critic |
     vtrace: V-trace advantages and value targets (IMPALA) under the clipped PPO objective."""
     lr: float = 3e-4
     """Adam learning rate."""

@@ -85,14 +85,16 @@ def load_rows(path: Path, algo) -> Rows:
 
 def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
     """GRPO advantages [T, N] of one shard: its N episodes started from one state (checked by the
-    digests of their first observations); each episode's outcome (its return) is normalised
-    within the group and given to every decision of the episode. No critic: ret is unused."""
+    digests of their first observations); each episode's outcome, 1 if it succeeded else 0 (the
+    env's own success flag; dense shaping rewards are ignored: normalised within a group they
+    would turn tiny return differences of failed episodes into full-size advantages), is
+    normalised within the group and given to every decision of the episode. No critic."""
     digests = attrs.get("reset_digests") or []
     if len(set(digests)) != 1:
         raise RuntimeError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
                            f"(first-observation digests {digests} of envs {attrs.get('env_ids')}): the env's reset "
                            f"is not a function of its seed, or the shard was not written in episodic mode")
-    outcome = (a["rewards"] * a["valid"]).sum(0)
+    outcome = (a["success"] & a["valid"]).any(0).astype(np.float32)
     adv = np.broadcast_to(grpo_advantages(outcome), a["rewards"].shape) * a["valid"]
     return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
 

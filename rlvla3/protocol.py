@@ -61,6 +61,11 @@ class ShardReady:
     return_sum: float = 0.0
     env_errors: int = 0
     sim_rank: int = -1
+    env_steps: int = -1  # env steps the segment executed (rows x chunk at most); -1: unknown (= rows)
+
+    @property
+    def steps(self) -> int:
+        return self.rows if self.env_steps < 0 else self.env_steps
 
 
 @dataclass(frozen=True)

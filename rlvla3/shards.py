@@ -55,7 +55,7 @@ BAD_DIR = ".bad"
 #                                             for grpo rows after the env's episode ended)
 #   versions   int32   [T, N]                 policy version that produced the row
 #   bootstrap  float32 [N]                    V(obs after the last row)
-# Attributes: steps, n_envs, rows, min/max_version, episode_ends, successes, env_ids, and for
+# Attributes: steps, n_envs, rows, env_steps, min/max_version, episode_ends, successes, env_ids, and for
 # grpo `reset_digests` (crc32 of each env's first observation: equal within a group, or the
 # group's episodes did not start from one state).
 ARRAYS = ("images", "proprio", "tokens", "sample", "actions", "logprobs", "values", "rewards",
@@ -95,6 +95,7 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
         "steps": int(T),
         "n_envs": int(N),
         "rows": int(T * N),
+        "env_steps": int(arrays["env_steps"].sum()),
         "min_version": int(versions.min()),
         "max_version": int(versions.max()),
         "episode_ends": int((arrays["terminated"] | arrays["truncated"]).sum()),

@@ -265,7 +265,7 @@ class Simulator:
         v = arrays["versions"]
         msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
                          group.stats["episodes"], group.stats["successes"], group.stats["return_sum"],
-                         group.stats["env_errors"], self.rank)
+                         group.stats["env_errors"], self.rank, int(arrays["env_steps"].sum()))
         self.writing.append((self.writer.submit(self._write, name, arrays, bootstrap, attrs), msg))
 
     def _write(self, name, arrays, bootstrap, attrs) -> tuple[float, float]:

@@ -134,7 +134,8 @@ class Trainer:
         for name in sorted(names, key=lambda n: (first.get(n, len(first)), n)):
             step, gid, seq = shards.parse_name(name)
             attrs = shards.read_attrs(self.shards_dir / name)
-            self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"]))
+            self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"],
+                                      env_steps=attrs["env_steps"]))
         print(f"[trainer {self.index}] resumed from {ckpts[-1].name}: version {self.version}, step "
               f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)
 
@@ -265,7 +266,7 @@ class Trainer:
         rows = self.loss_sums.pop("rows", 0.0) or 1.0
         eps = sum(m.episodes for m in arrived)
         rec = {"version": k + 1, "t": now - self.t0, "version_s": now - self.t_version,
-               "env_steps": sum(m.rows for m in arrived), "rows_trained": self.rows_trained,
+               "env_steps": sum(m.steps for m in arrived), "rows_trained": self.rows_trained,
                "episodes": eps, "success": sum(m.successes for m in arrived) / eps if eps else float("nan"),
                "return": sum(m.return_sum for m in arrived) / eps if eps else float("nan"),
                "env_errors": sum(m.env_errors for m in arrived),
