@@ -96,12 +96,16 @@ class OpenVLA(TokenPolicy):
 
     def _action_logits(self, h: torch.Tensor) -> torch.Tensor:
         """LM-head logits of the action ids only: [..., bins]."""
+        if hasattr(self.lm, "action_logits"):   # a Megatron LM (megatron_lm.MegatronLlama)
+            return self.lm.action_logits(h, self.first_action_id)
         w = self.lm.lm_head.weight[self.first_action_id:]
         b = self.lm.lm_head.bias[self.first_action_id:] if self.lm.lm_head.bias is not None else None
         return nn.functional.linear(h, w, b)
 
     def _run(self, emb, mask, **kw):
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        # Positions are sequence indices (padding is masked, not skipped), as in Megatron's RoPE:
+        # the same weights give the same outputs under either LM implementation.
+        pos = torch.arange(emb.shape[1], device=emb.device).expand(emb.shape[0], -1)
         return self.lm.model(inputs_embeds=emb, attention_mask=mask, position_ids=pos, **kw)
 
     # ------------------------------------------------------------ one forward over known actions
@@ -137,7 +141,7 @@ class OpenVLA(TokenPolicy):
         out = self._run(emb, mask, use_cache=True)
         h, cache = out.last_hidden_state[:, -1], out.cache
         value = self.value_head(h)[:, 0]
-        pos = (mask.sum(-1) - 1)[:, None]
+        pos = torch.full((emb.shape[0], 1), emb.shape[1] - 1, device=emb.device)
         toks, logps = [], []
         for i in range(self.n_act):
             logp_all = torch.log_softmax(self._action_logits(h).float(), -1)
