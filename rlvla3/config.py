@@ -95,6 +95,13 @@ class PolicyConfig:
     flow_noise_std: float = 0.2
     """pi0: initial std of the noise injected at each denoising step (learned per action dim,
     kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability."""
+    lm_backend: str = "transformers"
+    """openvla with lm=llama: the Trainer's language model, transformers | megatron (megatron-core
+    GPTModel split over policy.tensor_parallel Trainer ranks; published weights are converted back
+    to the transformers layout, so Generators are unchanged)."""
+    tensor_parallel: int = 1
+    """lm_backend=megatron: Trainer ranks per model replica (cluster.train_ranks must be a
+    multiple; the replicas are data parallel)."""
     pretrained: str = ""
     """openvla/pi0: a local directory with a transformers checkpoint (config.json + weights) to
     start from instead of random weights; nothing is downloaded."""
@@ -451,6 +458,17 @@ def validate(cfg: RunConfig) -> None:
     _require(p.decoding in ("parallel", "autoregressive"), "policy.decoding", p.decoding, "use parallel or autoregressive")
     _require(p.lm in ("qwen2", "llama"), "policy.lm", p.lm, "use qwen2 or llama")
     _require(p.denoise_steps >= 1, "policy.denoise_steps", p.denoise_steps, "must be >= 1")
+    _require(p.lm_backend in ("transformers", "megatron"), "policy.lm_backend", p.lm_backend, "use transformers or megatron")
+    _require(p.tensor_parallel >= 1, "policy.tensor_parallel", p.tensor_parallel, "must be >= 1")
+    if p.lm_backend == "megatron":
+        _require(p.name == "openvla" and p.lm == "llama", "policy.lm_backend", p.lm_backend,
+                 "the megatron backend trains the Llama LM of policy=openvla: set policy.lm=llama")
+        _require(c.train_ranks % p.tensor_parallel == 0, "policy.tensor_parallel", p.tensor_parallel,
+                 f"must divide cluster.train_ranks={c.train_ranks}")
+        _require(p.heads % p.tensor_parallel == 0 and 128 % p.tensor_parallel == 0, "policy.tensor_parallel",
+                 p.tensor_parallel, f"must divide policy.heads={p.heads} and 128 (the LM vocabulary is padded to a multiple of 128)")
+        _require(m.placement == "disaggregated", "mode.placement", m.placement,
+                 "lm_backend=megatron needs disaggregated placement (Generators run transformers)")
     _require(0.01 <= p.flow_noise_std <= 1.0, "policy.flow_noise_std", p.flow_noise_std, "use a std in [0.01, 1]")
     for name in ("infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):
         _require(getattr(p, name) >= 0, f"policy.{name}", getattr(p, name), "must be >= 0")

@@ -101,25 +101,38 @@ def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarra
 
 class TorchLearner:
     def __init__(self, cfg, spec, metrics, n_trainers: int, index: int, shards_dir: Path):
-        self.cfg, self.metrics, self.n, self.index = cfg, metrics, n_trainers, index
+        self.cfg, self.spec, self.metrics, self.n, self.index = cfg, spec, metrics, n_trainers, index
         self.shards_dir = shards_dir
         self.device = pick_device(cfg.policy.device)
+        # lm_backend=megatron: groups of `tp` consecutive Trainer ranks hold one model replica
+        # (its LM split over them) and train the same rows; the replicas are data parallel.
+        self.megatron = cfg.policy.lm_backend == "megatron"
+        self.tp = cfg.policy.tensor_parallel if self.megatron else 1
+        self.dp_size, self.dp_index = n_trainers // self.tp, index // self.tp
+        # weights() and state() gather the LM's shards: every Trainer rank calls them together.
+        self.collective = self.megatron
         self.policy = make_policy(cfg, spec).to(self.device)
-        self.opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.algo.lr, eps=1e-5)
-        # A Trainer may own no rows of an optimizer step; it still all-reduces (zero) gradients.
-        for p in self.policy.parameters():
-            p.grad = torch.zeros_like(p)
+        self.export_names = [name for name, _ in self.policy.named_parameters()]   # what Generators load
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
         self.version = 0   # the version being trained (set by each `train`)
+        self.prox = self.ref = None
+        self._setup_optimizer()
+
+    def _setup_optimizer(self) -> None:
+        self.opt = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.algo.lr, eps=1e-5)
+        # A Trainer may own no rows of an optimizer step; it still all-reduces (zero) gradients.
+        for p in self.policy.parameters():
+            p.grad = torch.zeros_like(p)
         self.prox = self._snapshot()
         # The KL term's reference: the initial (or pretrained) weights, frozen.
-        self.ref = copy.deepcopy(self.policy).eval() if cfg.algo.kl_coef > 0 else None
+        self.ref = self._clone() if self.cfg.algo.kl_coef > 0 else None
 
     # ------------------------------------------------------------ setup
     def connect(self, transport, train_ranks: list[int]) -> None:
-        """Data-parallel group over the Trainer ranks: Trainer 0 picks a port and tells the rest."""
-        if self.n == 1:
+        """Process group over the Trainer ranks (Trainer 0 picks a port and tells the rest): data
+        parallel, and with lm_backend=megatron also Megatron's tensor-parallel groups."""
+        if self.n == 1 and not self.megatron:
             return
         import torch.distributed as dist
 
@@ -135,13 +148,49 @@ class TorchLearner:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{addr[0]}:{addr[1]}", rank=self.index,
                                 world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.liveness_timeout))
+        if self.megatron:
+            self._to_megatron()
+
+    def _to_megatron(self) -> None:
+        """Swap the policy's transformers LM for its Megatron copy (same weights, this rank's shard)."""
+        from .megatron_lm import init_parallel
+
+        init_parallel(self.tp, seed=self.cfg.policy.init_seed)
+        hf = self.policy.lm
+        self.lm_config = hf.config
+        self.policy.lm = self._megatron_lm(hf.state_dict())
+        self.prox = self.ref = None
+        self._setup_optimizer()
+
+    def _megatron_lm(self, hf_state: dict):
+        from megatron.core import parallel_state
+
+        from .megatron_lm import MegatronLlama, hf_to_mcore
+
+        lm = MegatronLlama(self.lm_config, self.tp)
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        lm.gpt.load_state_dict(hf_to_mcore(hf_state, self.lm_config, self.tp, self.tp_rank), strict=False)
+        return lm.to(self.device)
+
+    def _clone(self):
+        """A frozen copy of the policy (for Megatron a fresh replica: its modules hold process groups)."""
+        if not hasattr(self, "lm_config"):
+            return copy.deepcopy(self.policy).eval()
+        twin = make_policy(self.cfg, self.spec).to(self.device)
+        twin.lm = self._megatron_lm(twin.lm.state_dict())
+        twin.load_state_dict(self.policy.state_dict())
+        return twin.eval()
 
     def _snapshot(self):
         """π_prox: the weights at the start of the rollout step (stale rows need it; so do V-trace
         and the log-prob check, which compare it with the behaviour policy)."""
         a = self.cfg.algo
-        need = self.cfg.mode.eta > 0 or a.name == "vtrace" or a.check_logprobs
-        return copy.deepcopy(self.policy).eval() if need else None
+        if not (self.cfg.mode.eta > 0 or a.name == "vtrace" or a.check_logprobs):
+            return None
+        if self.prox is not None and hasattr(self, "lm_config"):
+            self.prox.load_state_dict(self.policy.state_dict())   # reuse the replica
+            return self.prox
+        return self._clone()
 
     # ------------------------------------------------------------ data
     def preload(self, name: str) -> Rows | None:
@@ -168,7 +217,7 @@ class TorchLearner:
     # ------------------------------------------------------------ one optimizer step
     def train(self, slices: tuple[Slice, ...], version: int) -> np.ndarray:
         self.version = version
-        batch = self._gather([s for s in slices if s.owner == self.index])
+        batch = self._gather([s for s in slices if s.owner == self.dp_index])
         self.opt.zero_grad(set_to_none=False)
         sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
         count = 0
@@ -187,7 +236,7 @@ class TorchLearner:
             for p in self.policy.parameters():
                 p.grad.div_(float(total[0]))
             if self.cfg.algo.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.algo.max_grad_norm)
+                self._clip_grads(self.cfg.algo.max_grad_norm)
             self.opt.step()
         return total.numpy()
 
@@ -204,13 +253,41 @@ class TorchLearner:
         if batch is not None:
             batch["adv"] = (m * (adv - mean) / (std + 1e-8)).float()
 
+    def _clip_grads(self, max_norm: float) -> None:
+        """Clip by the global gradient norm. With tensor parallelism a split parameter's squared
+        norm is summed over its TP shards, a replicated one counted once: every TP rank then
+        scales by the same factor and the replicated parameters stay identical."""
+        params = list(self.policy.parameters())
+        if self.tp == 1:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+            return
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        split = sum(float(p.grad.double().pow(2).sum()) for p in params if getattr(p, "tensor_model_parallel", False))
+        whole = sum(float(p.grad.double().pow(2).sum()) for p in params if not getattr(p, "tensor_model_parallel", False))
+        t = torch.tensor([split], dtype=torch.float64)
+        dist.all_reduce(t, group=parallel_state.get_tensor_model_parallel_group())
+        scale = max_norm / (float(t[0] + whole) ** 0.5 + 1e-6)
+        if scale < 1.0:
+            for p in params:
+                p.grad.mul_(scale)
+
+    def _dp_group(self):
+        """The data-parallel group: all Trainers, or with Megatron the ranks holding the same shard."""
+        if not self.megatron:
+            return None
+        from megatron.core import parallel_state
+
+        return parallel_state.get_data_parallel_group()
+
     def _allreduce_stats(self, stats: torch.Tensor) -> list[float]:
-        """Sum a few float64 statistics over Trainers (no gradients involved)."""
-        if self.n > 1:
+        """Sum a few float64 statistics over the data-parallel Trainers (no gradients involved)."""
+        if self.dp_size > 1:
             import torch.distributed as dist
 
             stats = stats.to(self.device)
-            dist.all_reduce(stats)
+            dist.all_reduce(stats, group=self._dp_group())
         return stats.cpu().tolist()
 
     def _gather(self, mine: list[Slice]) -> dict[str, torch.Tensor] | None:
@@ -301,15 +378,15 @@ class TorchLearner:
                                   logp_ref=logp_ref, kl_coef=a.kl_coef)
 
     def _allreduce(self, sums: torch.Tensor) -> torch.Tensor:
-        """Sum gradients and loss statistics over Trainers in one collective."""
-        if self.n == 1:
+        """Sum gradients and loss statistics over the data-parallel Trainers in one collective."""
+        if self.dp_size == 1:
             return sums
         import torch.distributed as dist
 
         grads = [p.grad.reshape(-1) for p in self.policy.parameters()]
         buf = torch.cat([*grads, sums.to(grads[0].device, grads[0].dtype)])
         t0 = time.time()
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, group=self._dp_group())
         self.metrics.span("comm", t0, time.time() - t0, what="allreduce", bytes=buf.numel() * buf.element_size())
         off = 0
         for p in self.policy.parameters():
@@ -318,24 +395,64 @@ class TorchLearner:
         return buf[off:].to(torch.float64).cpu()
 
     # ------------------------------------------------------------ weights and checkpoints
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """The policy's state in the transformers layout (Megatron: the LM's shards gathered)."""
+        if not hasattr(self, "lm_config"):
+            return self.policy.state_dict()
+        from .megatron_lm import gather_hf
+
+        out = {k: v for k, v in self.policy.state_dict().items() if not k.startswith("lm.")}
+        out.update({f"lm.{k}": v for k, v in gather_hf(self.policy.lm.gpt, self.lm_config).items()})
+        return out
+
+    def _load_full_state(self, model, state: dict[str, torch.Tensor]) -> None:
+        if not hasattr(self, "lm_config"):
+            model.load_state_dict(state)
+            return
+        from .megatron_lm import hf_to_mcore
+
+        lm = {k[3:]: v for k, v in state.items() if k.startswith("lm.")}
+        model.load_state_dict({k: v for k, v in state.items() if not k.startswith("lm.")}, strict=False)
+        model.lm.gpt.load_state_dict(hf_to_mcore(lm, self.lm_config, self.tp, self.tp_rank), strict=False)
+
     def weights(self) -> np.ndarray:
-        return flat_params(self.policy)
+        """Flat float32 parameters in the transformers model's order (collective with Megatron)."""
+        if not hasattr(self, "lm_config"):
+            return flat_params(self.policy)
+        state = self._full_state()
+        return torch.cat([state[name].detach().float().reshape(-1).cpu() for name in self.export_names]).numpy()
 
     def digest(self) -> str:
+        """sha256 of this rank's parameters (data-parallel replicas must agree)."""
         return hashlib.sha256(flat_params(self.policy).tobytes()).hexdigest()
 
     def state(self, mid_version: bool) -> dict:
-        out = {"model": self.policy.state_dict(), "optimizer": self.opt.state_dict()}
+        """Model (transformers layout, whatever the backend) and optimizer; with Megatron the
+        optimizer state of every TP rank, in rank order (collective)."""
+        opt = self.opt.state_dict()
+        if hasattr(self, "lm_config"):
+            import torch.distributed as dist
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_tensor_model_parallel_group()
+            per_rank = [None] * self.tp
+            dist.all_gather_object(per_rank, opt, group=group)
+            opt = {"tp_ranks": per_rank}
+        out = {"model": self._full_state(), "optimizer": opt}
         if mid_version and self.prox is not None:
             out["prox"] = self.prox.state_dict()
         return out
 
     def load_state(self, state: dict) -> None:
-        self.policy.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        self._load_full_state(self.policy, state["model"])
+        opt = state["optimizer"]
+        self.opt.load_state_dict(opt["tp_ranks"][self.tp_rank] if "tp_ranks" in opt else opt)
         if self.prox is not None:
             # Mid-version: π_prox as saved; at a version boundary it equals the model.
-            self.prox.load_state_dict(state.get("prox", state["model"]))
+            if "prox" in state:
+                self.prox.load_state_dict(state["prox"])
+            else:
+                self._load_full_state(self.prox, state["model"])
 
     def save(self, state: dict, path: Path) -> None:
         torch.save(state, path)

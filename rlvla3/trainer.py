@@ -144,7 +144,7 @@ class Trainer:
         if msg.step < self.version:
             return  # already trained (a duplicate announcement after a restart)
         self.announced[msg.step].append(msg)
-        if self.cfg.mode.overlap and likely_owner(msg.name, self.n) == self.index:
+        if self.cfg.mode.overlap and likely_owner(msg.name, self.learner.dp_size) == self.learner.dp_index:
             self.learner.preload(msg.name)
 
     def _intake(self) -> bool:
@@ -175,7 +175,7 @@ class Trainer:
             names = sorted((m.name, m.rows) for m in arrived)
             self.order = [names[i] for i in rng.permutation(len(names))]
             self.cursor = (0, 0)
-        slices, self.cursor = take_rows(self.order, self.cursor, a.global_batch, self.n)
+        slices, self.cursor = take_rows(self.order, self.cursor, a.global_batch, self.learner.dp_size)
         self.step_in_version += 1
         if self.step_in_version % per_epoch == 0:
             self.cursor = (0, 0)
@@ -192,7 +192,7 @@ class Trainer:
         total = self.learner.train(plan.slices, self.version)
         self.opt_step = plan.opt_step
         self._account(plan, total)
-        mine = sum(s.stop - s.start for s in plan.slices if s.owner == self.index)
+        mine = sum(s.stop - s.start for s in plan.slices if s.owner == self.learner.dp_index)
         self.metrics.span("train", t0, time.time() - t0, rows=mine, opt_step=self.opt_step, version=self.version)
         if plan.end_of_version:
             self._finish_version()
@@ -217,9 +217,12 @@ class Trainer:
         self.learner.forget(m.name for m in arrived)
         self.learner.new_version()
         self._publish()
+        due = self.version % self.cfg.runtime.ckpt_every == 0 or self.version >= self.cfg.algo.max_versions
+        if due and not self.leader and self.learner.collective:
+            self.learner.state(mid_version=False)   # this rank's part of the leader's checkpoint
         if self.leader:
             self._log_version(k, arrived)
-            if self.version % self.cfg.runtime.ckpt_every == 0 or self.version >= self.cfg.algo.max_versions:
+            if due:
                 self.checkpoint()
             if not self.cfg.runtime.keep_shards:
                 for m in arrived:
@@ -232,11 +235,13 @@ class Trainer:
         """Weights of the current version + credits up to step version + eta, to the Generators."""
         granted = self.version + self.cfg.mode.eta
         t0 = time.time()
+        # A collective learner (Megatron) gathers the LM's shards on every Trainer rank.
+        flat = self.learner.weights() if self.leader or self.local_gen is not None or self.learner.collective else None
         if self.local_gen is not None:
-            self.local_gen.set_weights(self.learner.weights(), self.version, granted)
+            self.local_gen.set_weights(flat, self.version, granted)
         elif self.leader:
             gc = self.cfg.generator
-            wire = weights.to_wire(self.learner.weights(), gc.weights_dtype)
+            wire = weights.to_wire(flat, gc.weights_dtype)
             hdr = WeightsHeader(self.version, granted, wire.size, gc.weights_dtype, gc.weights_bucket_mb)
             for g in self.d.gen_ranks:
                 self.transport.send(g, Tag.WEIGHTS, hdr)
@@ -329,6 +334,15 @@ class Trainer:
         if self.preempted:
             return False
         self.preempted = True
+        if self.learner.collective:
+            # A Megatron checkpoint needs every Trainer rank, which only the leader knows of the
+            # signal: the job resumes from the last version checkpoint (its ledger re-trains the rest).
+            done = sorted(self.ckpt_dir.glob("v*.pt"), key=ckpt_order)
+            name = done[-1].name if done else "none"
+            print(f"[trainer 0] preemption signal: lm_backend=megatron saves no mid-version checkpoint; "
+                  f"resume from {name}", flush=True)
+            self.transport.send(0, Tag.CKPT_ACK, name)
+            return True
         path = self.checkpoint()
         print(f"[trainer 0] preemption signal: checkpoint {path.name} (version {self.version}, "
               f"step {self.step_in_version}, {self.rows_trained} rows trained)", flush=True)

@@ -5,7 +5,8 @@
     [image tokens | instruction | proprio | action tokens] -> Qwen2 or Llama causal LM
 
 Actions are discrete: each action dim of each chunk step is one token among the last
-`action_bins` ids of the LM vocabulary (OpenVLA reuses the 256 least-used ids the same way);
+`action_bins` ids of the LM vocabulary (padded to a multiple of 128, as Megatron pads it, so that
+it splits evenly over tensor-parallel ranks) (OpenVLA reuses the 256 least-used ids the same way);
 log pi(a|s) is the sum over the K*D action-token log-probs, restricted to those ids.
 - decoding=autoregressive (OpenVLA): token i is predicted at the position of token i-1 (token 0
   at the proprio token); `act` decodes with the LM's KV cache, `evaluate` is one teacher-forced
@@ -61,7 +62,7 @@ class OpenVLA(TokenPolicy):
                 image_size=spec.image_size, patch_size=pcfg.patch))
             self.lm = lm_cls(lm_cfg_cls(
                 hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,
-                num_key_value_heads=pcfg.heads, vocab_size=pcfg.vocab + pcfg.action_bins,
+                num_key_value_heads=pcfg.heads, vocab_size=-(-(pcfg.vocab + pcfg.action_bins) // 128) * 128,
                 max_position_embeddings=1024, tie_word_embeddings=False))
         dv, dl = self.vision.config.hidden_size, self.lm.config.hidden_size
         self.vocab_size = self.lm.config.vocab_size
