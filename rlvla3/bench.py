@@ -180,6 +180,7 @@ def families_bench(a) -> int:
     from .algo import decoupled_ppo_loss
     from .envs import spec
     from .policies import make_policy
+    from .policies.base import pick_device
 
     torch.set_num_threads(1)
     names = a.families.split(",") if a.families else list(FAMILIES)
@@ -188,16 +189,18 @@ def families_bench(a) -> int:
     for name in names:
         cfg = compose([*a.overrides, *FAMILIES[name]])
         sp = spec(cfg)
-        policy = make_policy(cfg, sp)
+        device = pick_device(cfg.policy.device)
+        policy = make_policy(cfg, sp).to(device)
         opt = torch.optim.Adam(policy.parameters(), lr=1e-5)
         n_params = sum(p.numel() for p in policy.parameters())
         for b in (int(x) for x in a.batches.split(",")):
             rng = np.random.default_rng(0)
-            obs = (torch.from_numpy(rng.integers(0, 255, (b, sp.cameras, sp.image_size, sp.image_size, 3), dtype=np.uint8)),
-                   torch.from_numpy(rng.normal(size=(b, sp.proprio_dim)).astype(np.float32)),
-                   torch.from_numpy(rng.integers(2, sp.vocab, (b, sp.instruction_len)).astype(np.int32)))
+            obs = tuple(torch.from_numpy(x).to(device) for x in (
+                rng.integers(0, 255, (b, sp.cameras, sp.image_size, sp.image_size, 3), dtype=np.uint8),
+                rng.normal(size=(b, sp.proprio_dim)).astype(np.float32),
+                rng.integers(2, sp.vocab, (b, sp.instruction_len)).astype(np.int32)))
             draw = rng.standard_normal if sp.sample.noise == "normal" else rng.random
-            noise = torch.from_numpy(draw((b, *sp.sample.noise_shape)).astype(np.float32))
+            noise = torch.from_numpy(draw((b, *sp.sample.noise_shape)).astype(np.float32)).to(device)
 
             def act():
                 with torch.no_grad():
@@ -207,13 +210,15 @@ def families_bench(a) -> int:
 
             def train():
                 logp, ent, value = policy.evaluate(*obs, sample)
-                z = torch.zeros(b)
-                decoupled_ppo_loss(logp, logp_b, logp_b, torch.randn(b), value, z, ent, 0.2, 2.0, 0.5, 0.0).total.backward()
+                z = torch.zeros(b, device=device)
+                adv = torch.randn(b, device=device)
+                decoupled_ppo_loss(logp, logp_b, logp_b, adv, value, z, ent, 0.2, 2.0, 0.5, 0.0).total.backward()
                 opt.step()
                 opt.zero_grad()
 
             t_act, t_train = (median_seconds(f, a.repeats) for f in (act, train))
-            rows.append({"family": name, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train})
+            rows.append({"family": name, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train,
+                         "device": str(device)})
             print(f"{name:24s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f}", flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -224,11 +229,16 @@ def families_bench(a) -> int:
 def median_seconds(fn, repeats: int) -> float:
     import time
 
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()   # warm-up (allocations, lazy init)
     times = []
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
 
