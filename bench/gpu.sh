@@ -21,16 +21,8 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 : > "$LOG"
-say() { echo "[gpu-bench $(date +%T)] $*" | tee -a "$LOG"; }
-stage() {  # stage NAME SECONDS CMD...: run with a time limit, log, never abort the script
-  local name=$1 limit=$2; shift 2
-  say "stage $name: $*"
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
-  local rc=$?
-  say "stage $name: exit $rc after $((SECONDS - t0)) s"
-  return $rc
-}
+TAG=gpu-bench
+. bench/stages.sh
 
 # ---- stage 1: environment
 {

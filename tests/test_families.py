@@ -67,8 +67,9 @@ def test_grpo_segments_hold_whole_episodes_from_one_state(tmp_path):
             assert (a["env_steps"][t + 1:, i] == 0).all() and (a["rewards"][t + 1:, i] == 0).all()
 
 
-def test_vtrace_runs_async_and_logprobs_match(tmp_path):
-    over = [*TOY, "mode=async", "algo=vtrace", "algo.max_versions=3", "algo.check_logprobs=true"]
+def test_vtrace_with_kl_runs_async_and_logprobs_match(tmp_path):
+    """V-trace targets (stale rows weighted by rho/c) and the KL term to the initial policy."""
+    over = [*TOY, "mode=async", "algo=vtrace", "algo.max_versions=3", "algo.check_logprobs=true", "algo.kl_coef=0.01"]
     proc, run = run_engine(tmp_path, over)
     assert_ok(proc)
     check_every_shard_consumed_once(run, 3, 256)
