@@ -20,8 +20,8 @@ Conversion (per layer; `hd` = head dim, TP splits every piece along its parallel
 On CPU (tests here) three of Megatron's GPU assumptions are swapped, as measured in
 ../shared/notes (megatron-core 0.16.1): core attention is torch SDPA (`SDPAAttention`), RoPE
 frequencies stay on the host (`host_rotary_class`), and the optimizer is plain torch Adam over the
-local shards (Megatron's own optimizer wrappers are GPU-only). Pipeline parallelism is part of
-the conversion's layer bookkeeping but is not exercised by the engine (pp = 1).
+local shards (Megatron's own optimizer wrappers are GPU-only). Pipeline parallelism is not
+implemented: the conversion and the engine use pp = 1 (a Trainer replica is TP ranks only).
 """
 from __future__ import annotations
 
@@ -33,17 +33,17 @@ from torch import nn
 
 
 # ---------------------------------------------------------------- parallel state and the model
-def init_parallel(tp: int, pp: int = 1, seed: int = 0) -> None:
+def init_parallel(tp: int, seed: int = 0) -> None:
     """Megatron's parallel state over the already initialised torch.distributed world."""
     from megatron.core import parallel_state, tensor_parallel
 
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     if torch.cuda.is_available():
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
-def transformer_config(hf, tp: int, pp: int = 1):
+def transformer_config(hf, tp: int):
     """A Megatron TransformerConfig equal to the transformers Llama config `hf`."""
     from megatron.core.transformer import TransformerConfig
 
@@ -53,7 +53,7 @@ def transformer_config(hf, tp: int, pp: int = 1):
         num_attention_heads=hf.num_attention_heads, num_query_groups=hf.num_key_value_heads,
         kv_channels=hf.hidden_size // hf.num_attention_heads, normalization="RMSNorm", layernorm_epsilon=hf.rms_norm_eps,
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
-        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tp,
         sequence_parallel=False, use_cpu_initialization=not on_gpu, params_dtype=torch.float32,
         bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
         bias_dropout_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False)
@@ -79,7 +79,7 @@ class SDPAAttention(nn.Module):
         return out.permute(2, 0, 1, 3).reshape(s, b, heads * hd)
 
 
-def build_gpt(hf, tp: int, pp: int = 1):
+def build_gpt(hf, tp: int):
     """Megatron GPTModel with `hf`'s Llama architecture; on CPU with SDPA attention and host RoPE."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.models.gpt import GPTModel
@@ -88,7 +88,7 @@ def build_gpt(hf, tp: int, pp: int = 1):
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     if not torch.cuda.is_available():
         spec.submodules.self_attention.submodules.core_attention = SDPAAttention
-    model = GPTModel(transformer_config(hf, tp, pp), spec, vocab_size=hf.vocab_size,
+    model = GPTModel(transformer_config(hf, tp), spec, vocab_size=hf.vocab_size,
                      max_sequence_length=hf.max_position_embeddings, position_embedding_type="rope",
                      rotary_base=getattr(hf, "rope_theta", None) or hf.rope_parameters["rope_theta"],
                      share_embeddings_and_output_weights=False)
@@ -192,7 +192,7 @@ def _split(t: torch.Tensor, tp: int, rank: int, dim: int) -> torch.Tensor:
 
 
 def hf_to_mcore(hf: dict[str, torch.Tensor], cfg, tp: int, rank: int, prefix: str = "model.") -> dict[str, torch.Tensor]:
-    """This TP rank's GPTModel state (pp = 1) from a transformers Llama state dict."""
+    """This TP rank's GPTModel state from a transformers Llama state dict."""
     nq, ng = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = cfg.hidden_size // nq
     out = {"embedding.word_embeddings.weight": _split(hf[f"{prefix}embed_tokens.weight"], tp, rank, 0),

@@ -43,8 +43,9 @@ def test_sharding_strategies_build_valid_uneven_plans():
     assert [g.size for g in derive(cfg).groups] == [3, 1, 4]
 
 
-# The toy env and its policy only make sense together: the toy experiment selects both.
-PAIRED = {"env=toy": "+experiment=toy", "policy=tiny_toy": "+experiment=toy"}
+# The toy env and its policy only make sense together: the toy experiment selects both. GRPO needs
+# whole episodes per segment and >= 2 envs per group, which depends on the env: its toy experiment.
+PAIRED = {"env=toy": "+experiment=toy", "policy=tiny_toy": "+experiment=toy", "algo=grpo": "+experiment=toy_grpo"}
 
 
 @pytest.mark.parametrize("choice", [f"{p.parent.name}={p.stem}" for p in sorted(CONF_DIR.glob("*/*.yaml"))

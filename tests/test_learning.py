@@ -47,14 +47,10 @@ def test_toy_is_learned(tmp_path, mode):
                                     f"chance {chance:.2f} (+{MARGIN}); first 5 versions: {first:.2f}")
 
 
-GRPO = ["algo=grpo", "env.distractors=0", "algo.segment_steps=6", "algo.rollout_batch=384", "algo.global_batch=128",
-        "algo.micro_batch=128"]
-
-
 def test_toy_is_learned_by_grpo(tmp_path):
     """With one distractor (the instruction decides the goal) GRPO's sparse outcome did not lift
     success within 60 versions here; without it, it learns clearly (see the issue notes)."""
-    overrides = [*TOY, "mode=async", *GRPO, f"algo.max_versions={VERSIONS}"]
+    overrides = [*TOY[1:], "+experiment=toy_grpo", "mode=async", f"algo.max_versions={VERSIONS}"]
     chance = random_policy_success(compose(overrides))
     proc, run = run_engine(tmp_path, overrides, timeout=600)
     assert_ok(proc)
