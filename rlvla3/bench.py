@@ -1,6 +1,7 @@
 """`python -m rlvla3.bench throughput [--env emulated|robosuite|toy] [--ladder] [overrides...]`
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
+   `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
 steady-state env steps/s (versions after the first), the ratio to the best sync baseline,
@@ -226,6 +227,60 @@ def families_bench(a) -> int:
     return 0
 
 
+SIM_TASKS = {"Lift": "env=robosuite_lift", "Stack": "env=robosuite_stack", "PickPlaceCan": "env=robosuite_pickplacecan",
+             "Door": "env=robosuite_door"}
+
+
+def sims_bench(a) -> int:
+    """Per robosuite task: step and reset time (p50/p99) of one env in this process with the
+    configured render settings, and the scripted expert's success over `--episodes` seeded
+    episodes (a task without an expert steps random actions, so only its timings count)."""
+    import time
+
+    import numpy as np
+
+    from .envs import make_env
+    from .envs.base import child_env_vars
+
+    child_env_vars()
+    rows = []
+    print(f"{'task':14s} {'cams':>4s} {'step p50 ms':>11s} {'step p99 ms':>11s} {'reset p50 ms':>12s} {'reset p99 ms':>12s} "
+          f"{'expert success':>14s} {'steps/ep':>8s}")
+    for task in a.tasks.split(","):
+        cfg = compose([SIM_TASKS[task], *a.overrides])
+        env = make_env(cfg, 0)
+        rng = np.random.default_rng(0)
+        steps, resets, wins, lengths = [], [], 0, []
+        expert = getattr(env, "expert", None) is not None
+        for ep in range(a.episodes):
+            t0 = time.perf_counter()
+            env.reset(ep)
+            resets.append(time.perf_counter() - t0)
+            for t in range(cfg.env.horizon):
+                action = env.expert_action() if expert else rng.uniform(-1, 1, 7).astype(np.float32)
+                t0 = time.perf_counter()
+                _, _, done, success, _ = env.step(action)
+                steps.append(time.perf_counter() - t0)
+                if done:
+                    wins += success
+                    lengths.append(t + 1)
+                    break
+        env.close()
+        p = lambda x, q: float(np.percentile(x, q)) * 1e3  # noqa: E731
+        r = {"task": task, "cameras": len(cfg.env.cameras), "fast_render": cfg.env.fast_render,
+             "step_p50_ms": p(steps, 50), "step_p99_ms": p(steps, 99), "reset_p50_ms": p(resets, 50),
+             "reset_p99_ms": p(resets, 99), "expert": expert, "episodes": a.episodes, "successes": int(wins),
+             "mean_steps": float(np.mean(lengths)) if lengths else None}
+        rows.append(r)
+        succ = f"{wins}/{a.episodes}" if expert else "no expert"
+        print(f"{task:14s} {r['cameras']:4d} {r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} "
+              f"{r['reset_p99_ms']:12.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "sims.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 def median_seconds(fn, repeats: int) -> float:
     import time
 
@@ -245,7 +300,9 @@ def median_seconds(fn, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights", "families"])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "sims"])
+    ap.add_argument("--tasks", default=",".join(SIM_TASKS), help="sims: robosuite tasks")
+    ap.add_argument("--episodes", type=int, default=10, help="sims: episodes per task")
     ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
     ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all)")
     ap.add_argument("--repeats", type=int, default=5, help="families: timed repeats per measurement (median)")
@@ -263,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         return weights_bench(a)
     if a.what == "families":
         return families_bench(a)
+    if a.what == "sims":
+        return sims_bench(a)
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-bench-"))
     rungs = RUNGS_LADDER if a.ladder else RUNGS_BASIC
     results = []

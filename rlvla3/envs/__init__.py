@@ -70,6 +70,16 @@ def make_env(cfg, env_id: int):
     raise ValueError(f"env.name={name!r} is unknown")
 
 
+def expert_tasks(cfg) -> list[str] | None:
+    """Tasks of `cfg.env` with a scripted expert (demonstrations), or None if all have one."""
+    if cfg.env.name == "toy":
+        return None
+    if cfg.env.name == "robosuite":
+        from .experts import EXPERTS
+        return sorted(EXPERTS)
+    return []
+
+
 def make_vec_env(cfg, env_ids: list[int], seed: int):
     """A group of envs: in-process for toy/emulated (or env.in_process), else one spawned child
     process per env (rendering envs: a GL context per process, killable on a hang)."""

@@ -48,6 +48,7 @@ class StepOut:
     reset_s: float           # wall time of the auto-reset (0 if none)
     delay_s: float           # emulated latency still to wait (emulated env only)
     steps: int = 1           # env steps executed (chunk actions until the episode ended)
+    actions: np.ndarray | None = None   # expert steps: the action the expert took [steps, A]
 
 
 def episode_seed(base: int, env_id: int, episode: int) -> int:
@@ -75,17 +76,22 @@ class Episode:
         self.last_obs = obs
         return obs
 
-    def step(self, actions: np.ndarray) -> StepOut:
-        """Execute the chunk `actions` [K, A] (or one action [A]) until it ends or the episode does."""
-        chunk = np.asarray(actions, np.float32).reshape(-1, np.shape(actions)[-1])
+    def step(self, actions: np.ndarray | None) -> StepOut:
+        """Execute the chunk `actions` [K, A] (or one action [A]) until it ends or the episode does.
+        None: one step of the env's scripted expert (demonstrations); StepOut.actions says what ran."""
+        expert = actions is None
+        chunk = [None] if expert else np.asarray(actions, np.float32).reshape(-1, np.shape(actions)[-1])
         if self.ended:   # episodic: wait for the group's reset
             return StepOut(self.last_obs, 0.0, False, False, False, False, 0.0, 0.0, 0.0, steps=0)
         reward = delay = step_s = 0.0
         obs, terminated, truncated, success, error, steps = self.last_obs, False, False, False, False, 0
+        ran = []
         for action in chunk:
             t0 = time.perf_counter()
             try:
-                obs, r, terminated, success, d = self.env.step(np.clip(action, -1.0, 1.0))
+                action = np.clip(self.env.expert_action() if expert else action, -1.0, 1.0)
+                ran.append(action)
+                obs, r, terminated, success, d = self.env.step(action)
             except Exception:
                 traceback.print_exc()
                 obs, r, terminated, success, d, error = self.last_obs, 0.0, False, False, 0.0, True
@@ -105,7 +111,7 @@ class Episode:
             else:
                 self.ended = True
         return StepOut(obs, float(reward), bool(terminated), bool(truncated), bool(success), error,
-                       step_s, reset_s, delay, steps)
+                       step_s, reset_s, delay, steps, np.array(ran, np.float32) if expert else None)
 
     def close(self) -> None:
         close = getattr(self.env, "close", None)
@@ -126,6 +132,7 @@ class GroupStep:
     success: np.ndarray
     errors: int
     env_steps: np.ndarray    # int16 [n]: env steps each env executed
+    actions: np.ndarray | None   # expert steps: float32 [n, A] the experts' actions (0 if none ran)
     step_s: float            # max over envs
     reset_s: float           # sum over envs that reset
 
@@ -152,6 +159,8 @@ class _GroupBase:
             success=np.array([o.success for o in outs]),
             errors=sum(o.error for o in outs),
             env_steps=np.array([o.steps for o in outs], np.int16),
+            actions=(np.stack([o.actions[0] if o.actions is not None and len(o.actions) else np.zeros(self.spec.action_dim, np.float32)
+                               for o in outs]) if any(o.actions is not None for o in outs) else None),
             step_s=max(o.step_s for o in outs),
             reset_s=sum(o.reset_s for o in outs),
         )
@@ -175,8 +184,10 @@ class LocalVecEnv(_GroupBase):
         self._out = self.first([e.reset(seed) for e in self.eps])
         self._ready_at = time.monotonic()
 
-    def start_step(self, actions: np.ndarray) -> None:
-        self._out = [e.step(a) for e, a in zip(self.eps, actions)]
+    def start_step(self, actions: np.ndarray | None) -> None:
+        """actions [n, K, A], or None: every env's scripted expert takes one step."""
+        chunks = [None] * len(self.eps) if actions is None else actions
+        self._out = [e.step(a) for e, a in zip(self.eps, chunks)]
         self._ready_at = time.monotonic() + max(o.delay_s for o in self._out)
 
     def ready(self) -> bool:
@@ -249,10 +260,11 @@ class ProcessVecEnv(_GroupBase):
             c.send(("reset", seed))
             self._pending[k] = ("reset", deadline)
 
-    def start_step(self, actions: np.ndarray) -> None:
+    def start_step(self, actions: np.ndarray | None) -> None:
+        """actions [n, K, A], or None: every env's scripted expert takes one step."""
         deadline = time.monotonic() + self.cfg.env.step_timeout
-        for k, (c, a) in enumerate(zip(self.conns, actions)):
-            c.send(("step", np.asarray(a, np.float32)))
+        for k, c in enumerate(self.conns):
+            c.send(("step", None if actions is None else np.asarray(actions[k], np.float32)))
             self._pending[k] = ("step", deadline)
 
     def ready(self) -> bool:

@@ -9,6 +9,8 @@ OSC_POSE end-effector delta (position 3, axis-angle 3) + gripper (-1 open, +1 cl
 Soft resets (hard_reset=False: ~20 ms instead of ~1 s, flat memory). Fast render: MSAA and
 reflections off on the offscreen context (~3x faster, same-looking images).
 Success = env._check_success() after each step; reward 1 on success, which ends the episode.
+`expert_action()`: the task's scripted expert (experts.py) on the privileged state, for
+demonstrations (Lift, Stack, PickPlaceCan; Door has none yet).
 """
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class RobosuiteEnv:
         if cfg_env.fast_render:
             self._fast_render()
         self.instruction = cfg_env.instruction or INSTRUCTIONS.get(cfg_env.task, cfg_env.task)
+        from .experts import EXPERTS
+        self.expert = EXPERTS[cfg_env.task](self.env) if cfg_env.task in EXPERTS else None
+        self.raw: dict = {}
 
     def _fast_render(self) -> None:
         """Rebuild the offscreen context with MSAA off (read at context creation) and reflections off."""
@@ -53,6 +58,8 @@ class RobosuiteEnv:
 
     def reset(self, seed: int) -> Obs:
         np.random.seed(seed)  # robosuite's placement samplers draw from numpy's global RNG
+        if self.expert is not None:
+            self.expert.reset()
         return self._obs(self.env.reset())
 
     def step(self, action: np.ndarray):
@@ -60,7 +67,14 @@ class RobosuiteEnv:
         success = bool(self.env._check_success())
         return self._obs(raw), float(success), success, success, 0.0
 
+    def expert_action(self) -> np.ndarray:
+        if self.expert is None:
+            raise NotImplementedError(f"robosuite task {self.c.task!r} has no scripted expert yet "
+                                      f"(experts exist for {sorted(__import__('rlvla3.envs.experts', fromlist=['EXPERTS']).EXPERTS)})")
+        return self.expert.act(self.raw).astype(np.float32)
+
     def _obs(self, raw: dict) -> Obs:
+        self.raw = raw
         images = np.stack([raw[f"{cam}_image"] for cam in self.c.cameras])
         proprio = np.concatenate([raw["robot0_eef_pos"], raw["robot0_eef_quat"], raw["robot0_gripper_qpos"]])
         return Obs(images, proprio.astype(np.float32), self.instruction)

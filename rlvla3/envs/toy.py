@@ -52,6 +52,10 @@ class ToyEnv:
         reward = float(success) + 0.1 * (before - self._distance())
         return self._obs(), reward, success, success, 0.0
 
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert: one move straight (or diagonally) toward the named target."""
+        return np.sign(self.targets[self.goal] - self.agent).astype(np.float32)
+
     def _distance(self) -> int:
         """Moves needed to reach the goal (diagonal moves allowed)."""
         return int(np.abs(self.agent - self.targets[self.goal]).max())
