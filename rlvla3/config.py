@@ -102,6 +102,9 @@ class PolicyConfig:
     tensor_parallel: int = 1
     """lm_backend=megatron: Trainer ranks per model replica (cluster.train_ranks must be a
     multiple; the replicas are data parallel)."""
+    init_from: str = ""
+    """A checkpoint (.pt: a run's ckpt/v*.pt or python -m rlvla3.sft's output) whose model weights
+    the run starts from, e.g. an SFT warm start; empty: random init (or policy.pretrained)."""
     pretrained: str = ""
     """openvla/pi0: a local directory with a transformers checkpoint (config.json + weights) to
     start from instead of random weights; nothing is downloaded."""
@@ -307,6 +310,9 @@ class RuntimeConfig:
     """Trainer rank 0 writes TensorBoard scalars under tb/."""
     progress: bool = True
     """Trainer rank 0 prints a progress line per version."""
+    evaluate: bool = False
+    """No optimizer steps: weights never change, and every segment is one whole episode of each
+    env from its own seed (python -m rlvla3.evaluate sets it)."""
     max_wall: float = 86400.0
     """Seconds the launcher waits for the whole job before killing it."""
 
@@ -399,9 +405,9 @@ def assign_generators(sizes: list[int], n_gen: int) -> list[int]:
 
 
 def episodic(cfg: RunConfig) -> bool:
-    """Whole episodes per segment (grpo): a group resets all its envs with one shared seed at
-    each segment start, and an env whose episode ended waits for that reset."""
-    return cfg.algo.name == "grpo"
+    """Whole episodes per segment (grpo, evaluation): every env of a group resets at each segment
+    start (grpo: all from one shared seed), and an env whose episode ended waits for that reset."""
+    return cfg.algo.name == "grpo" or cfg.runtime.evaluate
 
 
 def group_seed(cfg: RunConfig, gid: int, seq: int) -> int:
@@ -482,10 +488,11 @@ def validate(cfg: RunConfig) -> None:
     _require(a.kl_coef >= 0, "algo.kl_coef", a.kl_coef, "must be >= 0")
     _require(a.vtrace_rho_clip > 0 and a.vtrace_c_clip > 0, "algo.vtrace_rho_clip", a.vtrace_rho_clip,
              "V-trace clips must be > 0")
-    if a.name == "grpo":
+    if a.name == "grpo" or cfg.runtime.evaluate:
         _require(a.segment_steps * p.chunk >= e.horizon, "algo.segment_steps", a.segment_steps,
-                 f"grpo trains whole episodes: a segment must hold one (algo.segment_steps * policy.chunk >= "
-                 f"env.horizon={e.horizon})")
+                 f"grpo and evaluation use whole episodes: a segment must hold one (algo.segment_steps * "
+                 f"policy.chunk >= env.horizon={e.horizon})")
+    if a.name == "grpo":
         _require(a.vf_coef == 0, "algo.vf_coef", a.vf_coef, "grpo has no critic: set algo.vf_coef=0 (conf/algo/grpo.yaml does)")
     _require(a.segment_steps >= 1, "algo.segment_steps", a.segment_steps, "must be >= 1")
     seg = e.num_envs * a.segment_steps

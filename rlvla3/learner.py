@@ -99,6 +99,22 @@ def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarra
     return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
 
 
+def load_init(policy, path: str) -> None:
+    """Start from the model weights of a checkpoint (policy.init_from), strictly: a checkpoint of
+    another family or size is refused, naming what differs."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"policy.init_from={path}: no such checkpoint file (a run's ckpt/v*.pt or the "
+                                f"output of python -m rlvla3.sft)")
+    state = torch.load(p, map_location="cpu", weights_only=True)
+    model = state.get("model", state)
+    try:
+        policy.load_state_dict(model)
+    except RuntimeError as e:
+        raise RuntimeError(f"policy.init_from={path} does not fit this policy (policy.name and sizes must match "
+                           f"the run that wrote it): {str(e)[:600]}") from e
+
+
 class TorchLearner:
     def __init__(self, cfg, spec, metrics, n_trainers: int, index: int, shards_dir: Path):
         self.cfg, self.spec, self.metrics, self.n, self.index = cfg, spec, metrics, n_trainers, index
@@ -112,6 +128,8 @@ class TorchLearner:
         # weights() and state() gather the LM's shards: every Trainer rank calls them together.
         self.collective = self.megatron
         self.policy = make_policy(cfg, spec).to(self.device)
+        if cfg.policy.init_from:
+            load_init(self.policy, cfg.policy.init_from)
         self.export_names = [name for name, _ in self.policy.named_parameters()]   # what Generators load
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
@@ -217,6 +235,10 @@ class TorchLearner:
     # ------------------------------------------------------------ one optimizer step
     def train(self, slices: tuple[Slice, ...], version: int) -> np.ndarray:
         self.version = version
+        if self.cfg.runtime.evaluate:   # rows are counted, the weights never change
+            sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
+            sums[0] = sum(s.stop - s.start for s in slices if s.owner == self.dp_index)
+            return np.array(self._allreduce_stats(sums))
         batch = self._gather([s for s in slices if s.owner == self.dp_index])
         self.opt.zero_grad(set_to_none=False)
         sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)

@@ -13,9 +13,10 @@ Segment `seq` of a group belongs to rollout step `seq // segments_per_step`; the
 serves it only once the Trainer has granted credits up to that step (bounded staleness).
 With `mode.env_level` off, the groups of a rank advance in lockstep (the sync baseline).
 
-Episodic mode (grpo, `config.episodic`): a segment holds whole episodes. At each segment start
-the group resets all its envs with one shared seed (one GRPO group = one initial state); an env
-whose episode ended records invalid rows until the segment ends; no bootstrap value is needed.
+Episodic mode (grpo and evaluation, `config.episodic`): a segment holds whole episodes. At each
+segment start the group resets all its envs (grpo: with one shared seed, so one GRPO group = one
+initial state); an env whose episode ended records invalid rows until the segment ends; no
+bootstrap value is needed.
 """
 from __future__ import annotations
 
@@ -123,9 +124,10 @@ class GroupLoop:
         return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
 
     def _start_reset(self) -> None:
-        """Episodic: every env of the group from one seed; else each env's own seeds."""
+        """grpo: every env of the group from one shared seed; else each env's own seeds."""
         self.alive[:] = True
-        self.env.start_reset(group_seed(self.sim.cfg, self.g.gid, self.seq) if self.episodic else None)
+        shared = self.episodic and self.sim.cfg.algo.name == "grpo"
+        self.env.start_reset(group_seed(self.sim.cfg, self.g.gid, self.seq) if shared else None)
 
     def _send_request(self, kind: Kind) -> None:
         if self.send_req is not None:

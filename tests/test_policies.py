@@ -54,6 +54,16 @@ def test_act_evaluate_agree_and_train(family):
     assert sum(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in policy.parameters()) > 0
     actions = policy.to_env_action(sample.detach().numpy())
     assert actions.shape == (5, sp.chunk, 2) and np.abs(actions).max() <= 1.0
+    # SFT's cloning loss (-log pi of the expert's sample; pi0: flow matching) trains the policy.
+    opt = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        loss = policy.bc_loss(images, proprio, tokens, sample, torch.from_numpy(actions)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert np.isfinite(losses).all() and np.mean(losses[-5:]) < np.mean(losses[:5]), losses
 
 
 def test_pretrained_checkpoints_load_from_a_local_path(tmp_path):

@@ -37,6 +37,10 @@ class Policy(nn.Module):
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         return tokens_to_actions(sample, self.action_bins, self.chunk, self.action_dim)
 
+    def bc_loss(self, images, proprio, tokens, sample, actions):
+        """Behaviour cloning loss per sample [n] (SFT): -log pi(expert sample | obs)."""
+        return -self.evaluate(images, proprio, tokens, sample)[0]
+
 
 def gumbel_argmax(logp_all: torch.Tensor, uniform_noise: torch.Tensor) -> torch.Tensor:
     """Sample from softmax(logp_all) with the given U(0,1) noise (Gumbel-max trick)."""

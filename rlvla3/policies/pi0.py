@@ -138,5 +138,21 @@ class Pi0Flow(Policy):
         entropy = (self.steps * per_step).expand(images.shape[0])
         return logp, entropy, value.float()
 
+    def bc_loss(self, images, proprio, tokens, sample, actions):
+        """π0's own flow-matching loss per sample [n] (SFT): x_t = t*eps + (1-t)*a with t drawn as
+        π0 draws it, regress v(x_t, t) on eps - a."""
+        cache, mask, _ = self._prefix(images, proprio, tokens)
+        a = actions.float()
+        n = a.shape[0]
+        c = self.model.config
+        t = torch.distributions.Beta(c.time_sampling_beta_alpha, c.time_sampling_beta_beta).sample((n,)).to(a.device)
+        t = t * c.time_sampling_scale + c.time_sampling_offset
+        eps = torch.randn_like(a)
+        x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * a
+        pad = (0, c.max_action_dim - self.action_dim)
+        v = self.model(state=self._state(proprio), noise=nn.functional.pad(x_t, pad), timestep=t, attention_mask=mask,
+                       cache=cache).logits[..., :self.action_dim]
+        return ((v - (eps - a)) ** 2).mean((-1, -2))
+
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         return np.clip(sample[:, -1], -1.0, 1.0).astype(np.float32)

@@ -1,0 +1,94 @@
+"""`python -m rlvla3.evaluate --checkpoint CKPT [--episodes N] [--seed S] [overrides...]`:
+success rate of a policy checkpoint over the real engine, without training.
+
+The run is the engine as usual (Simulators, Generators, the Trainer counting rows) with
+`runtime.evaluate=true`: no optimizer step, and every segment is exactly one whole episode of each
+env, reset from its own seed. Counting whole episodes only (never "episodes finished before the
+stop") keeps short, successful episodes from being over-counted. Seeds: episode seeds derive from
+`--seed` (default 1000003), not the training seed 0, so evaluation states are held out.
+Actions are sampled from the policy, as in training.
+
+Prints successes / episodes with a 95% Wilson score interval and writes `eval.json` in the run
+folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate (sound at 0, 1 and small n, unlike p ± z·se)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
+    """Config sections that turn `cfg` into an evaluation run of about `episodes` episodes."""
+    seg = math.ceil(cfg.env.horizon / cfg.policy.chunk)
+    rollout = cfg.env.num_envs * seg
+    return {"policy": {"init_from": checkpoint}, "runtime": {"evaluate": True},
+            "algo": {"segment_steps": seg, "rollout_batch": rollout, "global_batch": rollout,
+                     "micro_batch": min(cfg.algo.micro_batch, rollout), "update_epochs": 1,
+                     "max_versions": math.ceil(episodes / cfg.env.num_envs)}}
+
+
+def count(run_dir: Path, versions: int) -> tuple[int, int]:
+    """(successes, episodes) over the shards of the first `versions` rollout steps: every env of
+    every such segment ran exactly one episode."""
+    from . import shards
+
+    succ = eps = 0
+    for n in shards.scan(run_dir / "shards"):
+        if shards.parse_name(n)[0] >= versions:
+            continue
+        a, _ = shards.read_shard(run_dir / "shards" / n)
+        ended = (a["terminated"] | a["truncated"]).any(0)
+        if not ended.all():
+            raise RuntimeError(f"evaluation shard {n}: an episode did not end inside its segment")
+        succ += int((a["success"] & a["valid"]).any(0).sum())
+        eps += a["rewards"].shape[1]
+    return succ, eps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlvla3.evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (run ckpt/ or rlvla3.sft output)")
+    ap.add_argument("--episodes", type=int, default=200, help="episodes (rounded up to whole rounds of env.num_envs)")
+    ap.add_argument("--seed", type=int, default=1_000_003, help="episode seeds derive from this (held out from training)")
+    ap.add_argument("--out", default="", help="run folder (default runs/eval/<date>-<time>)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds for the whole run")
+    ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
+    a = ap.parse_intermixed_args(argv)
+    from . import config
+    from .launch import compose, run_local
+
+    if a.episodes < 1:
+        raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
+    if not Path(a.checkpoint).is_file():
+        raise SystemExit(f"--checkpoint {a.checkpoint}: no such file")
+    cfg = compose(a.overrides)
+    cfg = config.replace(cfg, seed=a.seed, **eval_overrides(cfg, str(Path(a.checkpoint).resolve()), a.episodes))
+    run_dir = Path(a.out or f"runs/eval/{datetime.now():%Y-%m-%d-%H-%M-%S}")
+    proc = run_local(cfg, run_dir, timeout=a.timeout)
+    if proc.returncode != 0:
+        return proc.returncode
+    succ, eps = count(run_dir, cfg.algo.max_versions)
+    lo, hi = wilson(succ, eps)
+    result = {"checkpoint": a.checkpoint, "episodes": eps, "successes": succ, "success_rate": succ / max(eps, 1),
+              "wilson95": [lo, hi], "seed": a.seed}
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    print(f"success {succ}/{eps} = {succ / max(eps, 1):.3f}  (95% Wilson interval {lo:.3f}-{hi:.3f})  {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
