@@ -1,7 +1,7 @@
 """`python -m rlvla3.bench throughput [--env emulated|robosuite|toy] [--ladder] [overrides...]`
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
-   `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door] [--episodes 10] [overrides...]`
+   `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
 steady-state env steps/s (versions after the first), the ratio to the best sync baseline,
@@ -227,28 +227,31 @@ def families_bench(a) -> int:
     return 0
 
 
-SIM_TASKS = {"Lift": "env=robosuite_lift", "Stack": "env=robosuite_stack", "PickPlaceCan": "env=robosuite_pickplacecan",
-             "Door": "env=robosuite_door"}
+SIM_TASKS = {"Lift": ["env=robosuite_lift"], "Stack": ["env=robosuite_stack"],
+             "PickPlaceCan": ["env=robosuite_pickplacecan"], "Door": ["env=robosuite_door"],
+             **{t: ["env=metaworld_pickplace", f"env.task={t}"]
+                for t in ("pick-place-v3", "reach-v3", "drawer-open-v3", "button-press-topdown-v3")}}
 
 
 def sims_bench(a) -> int:
-    """Per robosuite task: step and reset time (p50/p99) of one env in this process with the
+    """Per robosuite / Meta-World task: step and reset time (p50/p99) of one env in this process with the
     configured render settings, and the scripted expert's success over `--episodes` seeded
     episodes (a task without an expert steps random actions, so only its timings count)."""
     import time
 
     import numpy as np
 
-    from .envs import make_env
+    from .envs import make_env, spec
     from .envs.base import child_env_vars
 
     child_env_vars()
     rows = []
-    print(f"{'task':14s} {'cams':>4s} {'step p50 ms':>11s} {'step p99 ms':>11s} {'reset p50 ms':>12s} {'reset p99 ms':>12s} "
+    print(f"{'task':24s} {'cams':>4s} {'step p50 ms':>11s} {'step p99 ms':>11s} {'reset p50 ms':>12s} {'reset p99 ms':>12s} "
           f"{'expert success':>14s} {'steps/ep':>8s}")
     for task in a.tasks.split(","):
-        cfg = compose([SIM_TASKS[task], *a.overrides])
+        cfg = compose([*SIM_TASKS[task], *a.overrides])
         env = make_env(cfg, 0)
+        dim = spec(cfg).action_dim
         rng = np.random.default_rng(0)
         steps, resets, wins, lengths = [], [], 0, []
         expert = getattr(env, "expert", None) is not None
@@ -257,7 +260,7 @@ def sims_bench(a) -> int:
             env.reset(ep)
             resets.append(time.perf_counter() - t0)
             for t in range(cfg.env.horizon):
-                action = env.expert_action() if expert else rng.uniform(-1, 1, 7).astype(np.float32)
+                action = env.expert_action() if expert else rng.uniform(-1, 1, dim).astype(np.float32)
                 t0 = time.perf_counter()
                 _, _, done, success, _ = env.step(action)
                 steps.append(time.perf_counter() - t0)
@@ -273,7 +276,7 @@ def sims_bench(a) -> int:
              "mean_steps": float(np.mean(lengths)) if lengths else None}
         rows.append(r)
         succ = f"{wins}/{a.episodes}" if expert else "no expert"
-        print(f"{task:14s} {r['cameras']:4d} {r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} "
+        print(f"{task:24s} {r['cameras']:4d} {r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} "
               f"{r['reset_p99_ms']:12.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -32,9 +32,9 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "robosuite"
-    """Env adapter: toy | emulated | robosuite."""
+    """Env adapter: toy | emulated | robosuite | metaworld."""
     task: str = "Lift"
-    """Task inside the adapter (robosuite: Lift, Stack, ...; toy/emulated: ignored)."""
+    """Task inside the adapter (robosuite: Lift, Stack, ...; metaworld: pick-place-v3, ...; toy/emulated: ignored)."""
     num_envs: int = 2
     """Total number of envs across all Simulator ranks."""
     horizon: int = 64
@@ -42,13 +42,14 @@ class EnvConfig:
     image_size: int = 64
     """Square camera resolution in pixels."""
     cameras: list[str] = field(default_factory=lambda: ["agentview"])
-    """Camera names (robosuite); one image per camera in the observation."""
+    """Camera names (robosuite: agentview, robot0_eye_in_hand, ...; metaworld: corner2, ...); one image each."""
     robot: str = "Panda"
     """robosuite robot."""
     control_freq: int = 20
     """robosuite control frequency (Hz)."""
     fast_render: bool = True
-    """robosuite: MSAA and reflections off (3x faster on CPU, images look the same)."""
+    """robosuite/metaworld: MSAA and reflections (metaworld: also shadows, skybox) off; several times
+    faster on CPU; false gives the stock look."""
     instruction: str = ""
     """Instruction string; empty means the adapter's default for the task."""
     step_timeout: float = 60.0
@@ -452,7 +453,8 @@ def _require(ok: bool, name: str, value, fix: str) -> None:
 def validate(cfg: RunConfig) -> None:
     """Check every field a run depends on; the first bad one raises ConfigError."""
     e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
-    _require(e.name in ("toy", "emulated", "robosuite"), "env.name", e.name, "use toy, emulated or robosuite")
+    _require(e.name in ("toy", "emulated", "robosuite", "metaworld"), "env.name", e.name,
+             "use toy, emulated, robosuite or metaworld")
     _require(e.num_envs >= 1, "env.num_envs", e.num_envs, "must be >= 1")
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
     _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")

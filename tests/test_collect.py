@@ -66,3 +66,15 @@ def test_robosuite_lift_expert_demonstrations(tmp_path):
     a, _ = got[0]
     assert a["images"].shape[2:] == (1, 64, 64, 3) and a["images"].std() > 0, "rendered frames, not blanks"
     assert np.abs(a["actions"]).max() <= 1.0 and np.abs(a["actions"][..., :3]).max() > 0.1
+
+
+@pytest.mark.sim
+def test_metaworld_expert_demonstrations_in_env_processes(tmp_path):
+    pytest.importorskip("metaworld", reason="metaworld not installed (pip install --no-deps metaworld==3.1.1)")
+    collect(tmp_path, "env=metaworld_pickplace", "algo.segment_steps=32", "--episodes", "2")
+    got = read_all(tmp_path / "demos")
+    assert sum(attrs["successes"] for _, attrs in got) == sum(attrs["episode_ends"] for _, attrs in got) >= 2
+    a, _ = got[0]
+    assert a["images"].shape[2:] == (1, 64, 64, 3) and a["images"].std() > 0
+    assert a["proprio"].shape[-1] == 4 and a["actions"].shape[-1] == 4
+    assert a["tokens"][0, 0, :3].tolist() != [0, 0, 0], "the instruction 'pick place' is tokenized"

@@ -37,6 +37,9 @@ def spec(cfg) -> EnvSpec:
     elif e.name == "robosuite":
         from .robosuite_env import PROPRIO_DIM, ACTION_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
+    elif e.name == "metaworld":
+        from .metaworld_env import PROPRIO_DIM, ACTION_DIM
+        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "emulated":
         cams, prop, act = 1, e.proprio_dim, e.action_dim
     else:
@@ -67,12 +70,15 @@ def make_env(cfg, env_id: int):
     if name == "robosuite":
         from .robosuite_env import RobosuiteEnv
         return RobosuiteEnv(cfg.env)
+    if name == "metaworld":
+        from .metaworld_env import MetaWorldEnv
+        return MetaWorldEnv(cfg.env)
     raise ValueError(f"env.name={name!r} is unknown")
 
 
 def expert_tasks(cfg) -> list[str] | None:
     """Tasks of `cfg.env` with a scripted expert (demonstrations), or None if all have one."""
-    if cfg.env.name == "toy":
+    if cfg.env.name in ("toy", "metaworld"):   # Meta-World ships a scripted policy for every task
         return None
     if cfg.env.name == "robosuite":
         from .experts import EXPERTS
