@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "robosuite"
-    """Env adapter: toy | emulated | robosuite | metaworld."""
+    """Env adapter: toy | emulated | robosuite | metaworld | robocasa (optional install)."""
     task: str = "Lift"
     """Task inside the adapter (robosuite: Lift, Stack, ...; metaworld: pick-place-v3, ...; toy/emulated: ignored)."""
     num_envs: int = 2
@@ -453,8 +453,8 @@ def _require(ok: bool, name: str, value, fix: str) -> None:
 def validate(cfg: RunConfig) -> None:
     """Check every field a run depends on; the first bad one raises ConfigError."""
     e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
-    _require(e.name in ("toy", "emulated", "robosuite", "metaworld"), "env.name", e.name,
-             "use toy, emulated, robosuite or metaworld")
+    _require(e.name in ("toy", "emulated", "robosuite", "metaworld", "robocasa"), "env.name", e.name,
+             "use toy, emulated, robosuite, metaworld or robocasa")
     _require(e.num_envs >= 1, "env.num_envs", e.num_envs, "must be >= 1")
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
     _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")

@@ -37,6 +37,9 @@ def spec(cfg) -> EnvSpec:
     elif e.name == "robosuite":
         from .robosuite_env import PROPRIO_DIM, ACTION_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
+    elif e.name == "robocasa":
+        from .robocasa_env import PROPRIO_DIM, ACTION_DIM
+        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "metaworld":
         from .metaworld_env import PROPRIO_DIM, ACTION_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
@@ -73,6 +76,9 @@ def make_env(cfg, env_id: int):
     if name == "metaworld":
         from .metaworld_env import MetaWorldEnv
         return MetaWorldEnv(cfg.env)
+    if name == "robocasa":
+        from .robocasa_env import RobocasaEnv
+        return RobocasaEnv(cfg.env)
     raise ValueError(f"env.name={name!r} is unknown")
 
 
