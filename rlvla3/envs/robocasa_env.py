@@ -76,18 +76,12 @@ def to_env_action(policy_action: np.ndarray, layout: dict[str, tuple[int, int]],
 
 class RobocasaEnv:
     def __init__(self, cfg_env):
+        from .robosuite_env import make_robosuite
+
         child_env_vars()
         require_robocasa()
-        import robosuite
-        import robosuite.macros as macros
-
-        macros.IMAGE_CONVENTION = "opencv"
         self.c = cfg_env
-        self.env = robosuite.make(
-            cfg_env.task, robots=cfg_env.robot, has_renderer=False, has_offscreen_renderer=True,
-            use_camera_obs=True, camera_names=list(cfg_env.cameras), camera_heights=cfg_env.image_size,
-            camera_widths=cfg_env.image_size, control_freq=cfg_env.control_freq, horizon=10**9,
-            hard_reset=False, reward_shaping=False, ignore_done=True)
+        self.env = make_robosuite(cfg_env)
         self.layout = action_layout(self.env.robots[0], self.env.action_dim)
         self.instruction = cfg_env.instruction
 

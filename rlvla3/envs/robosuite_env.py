@@ -24,19 +24,25 @@ INSTRUCTIONS = {"Lift": "lift the cube", "Stack": "stack the red cube on the gre
                 "Door": "open the door", "PickPlaceCan": "put the can in its bin"}
 
 
+def make_robosuite(cfg_env):
+    """A robosuite env of `cfg_env` (any registered task, e.g. RoboCasa's): offscreen cameras with
+    top-down rows, soft resets, no horizon or done of its own (Episode handles both)."""
+    child_env_vars()
+    import robosuite
+    import robosuite.macros as macros
+
+    macros.IMAGE_CONVENTION = "opencv"
+    return robosuite.make(
+        cfg_env.task, robots=cfg_env.robot, has_renderer=False, has_offscreen_renderer=True,
+        use_camera_obs=True, camera_names=list(cfg_env.cameras), camera_heights=cfg_env.image_size,
+        camera_widths=cfg_env.image_size, control_freq=cfg_env.control_freq, horizon=10**9,
+        hard_reset=False, reward_shaping=False, ignore_done=True)
+
+
 class RobosuiteEnv:
     def __init__(self, cfg_env):
-        child_env_vars()
-        import robosuite
-        import robosuite.macros as macros
-
-        macros.IMAGE_CONVENTION = "opencv"
         self.c = cfg_env
-        self.env = robosuite.make(
-            cfg_env.task, robots=cfg_env.robot, has_renderer=False, has_offscreen_renderer=True,
-            use_camera_obs=True, camera_names=list(cfg_env.cameras), camera_heights=cfg_env.image_size,
-            camera_widths=cfg_env.image_size, control_freq=cfg_env.control_freq, horizon=10**9,
-            hard_reset=False, reward_shaping=False, ignore_done=True)
+        self.env = make_robosuite(cfg_env)
         if cfg_env.fast_render:
             self._fast_render()
         self.instruction = cfg_env.instruction or INSTRUCTIONS.get(cfg_env.task, cfg_env.task)
