@@ -43,7 +43,7 @@ def rank_main(run_dir: Path, episodes: int) -> None:
     """One Simulator-like rank: its groups step with the expert until their quotas are met."""
     from mpi4py import MPI
 
-    from . import config, shards
+    from . import config
     from .envs import make_vec_env, spec
     from .simulator import SegmentBuffer
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..policies import SampleLayout
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,7 @@ class EnvSpec:
     action_dim: int
     instruction_len: int
     vocab: int
-    sample: "SampleLayout"   # what the policy samples per observation (policies.SampleLayout)
+    sample: SampleLayout     # what the policy samples per observation
 
     @property
     def chunk(self) -> int:
