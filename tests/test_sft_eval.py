@@ -57,3 +57,35 @@ def test_init_from_refuses_a_checkpoint_of_another_policy(tmp_path):
         load_init(make_policy(other, spec(other)), str(tmp_path / "ok.pt"))
     with pytest.raises(FileNotFoundError, match="no such checkpoint file"):
         load_init(make_policy(cfg, spec(cfg)), str(tmp_path / "missing.pt"))
+
+
+def test_chunks_are_consecutive_actions_padded_at_episode_ends():
+    import numpy as np
+
+    from rlvla3.sft import chunk_actions
+
+    a = np.arange(6, dtype=np.float32)[:, None, None] + np.array([0.0, 10.0], np.float32)[None, :, None]
+    ended = np.zeros((6, 2), bool)
+    ended[2, 0] = True                      # env 0's episode ends at row 2; env 1 runs past the segment
+    c = chunk_actions(a, ended, 3)[..., 0]
+    assert c[:, 0].tolist() == [[0, 1, 2], [1, 2, 2], [2, 2, 2], [3, 4, 5], [4, 5, 5], [5, 5, 5]]
+    assert c[:, 1].tolist() == [[10, 11, 12], [11, 12, 13], [12, 13, 14], [13, 14, 15], [14, 15, 15], [15, 15, 15]]
+
+
+@needs_mpi
+@pytest.mark.slow
+def test_chunked_sft_from_one_step_demonstrations(tmp_path):
+    import torch
+
+    from rlvla3.envs import spec
+    from rlvla3.launch import compose
+    from rlvla3.learner import load_init
+    from rlvla3.policies import make_policy
+
+    run("rlvla3.collect", "+experiment=toy", "--episodes", "16", "--out", str(tmp_path / "demos"))
+    out = run("rlvla3.sft", "--demos", str(tmp_path / "demos"), "+experiment=toy", "policy.chunk=2", "--steps", "60",
+              "--out", str(tmp_path / "sft2.pt"))
+    hist = torch.load(tmp_path / "sft2.pt", weights_only=True)["sft"]["loss"]
+    assert sum(hist[-10:]) < sum(hist[:10]), out.stdout
+    cfg = compose(["+experiment=toy", "policy.chunk=2"])
+    load_init(make_policy(cfg, spec(cfg)), str(tmp_path / "sft2.pt"))   # an RL run with chunk 2 starts from it
