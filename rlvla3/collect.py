@@ -107,14 +107,11 @@ def _record(x: dict, res, sp, cfg) -> None:
 
 def _publish(x: dict, out: Path, d, cfg, rank: int) -> None:
     from . import shards
-    from .simulator import SegmentBuffer
+    from .simulator import SegmentBuffer, segment_meta
 
     g = x["g"]
-    name = shards.shard_name(x["seq"] // d.segments_per_step, g.gid, x["seq"])
-    attrs = {"producer_rank": rank, "group": g.gid, "seq": x["seq"], "step": x["seq"] // d.segments_per_step,
-             "env_ids": list(range(g.env_offset, g.env_offset + g.size)), "env": cfg.env.name, "task": cfg.env.task,
-             "source": "expert"}
-    shards.write_shard(out, name, x["seg"].arrays, np.zeros(g.size, np.float32), attrs)
+    name, attrs = segment_meta(cfg, d, g, x["seq"], rank)
+    shards.write_shard(out, name, x["seg"].arrays, np.zeros(g.size, np.float32), {**attrs, "source": "expert"})
     x["seg"] = SegmentBuffer.allocate(cfg.algo.segment_steps, g.size, x["env"].spec)
     x["seq"] += 1
     x["t"] = 0

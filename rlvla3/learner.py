@@ -135,7 +135,10 @@ class TorchLearner:
         self.bad: set[str] = set()
         self.version = 0   # the version being trained (set by each `train`)
         self.prox = self.ref = None
-        self._setup_optimizer()
+        self.lm_config, self.tp_rank = None, 0   # Megatron: set when connect() swaps the LM in
+        self._full_cache = None                  # Megatron: the gathered state until the next step
+        if not self.megatron:   # Megatron: after connect(), on the swapped-in LM
+            self._setup_optimizer()
 
     def _setup_optimizer(self) -> None:
         self.opt = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.algo.lr, eps=1e-5)
@@ -173,26 +176,25 @@ class TorchLearner:
         """Swap the policy's transformers LM for its Megatron copy (same weights, this rank's shard)."""
         from .megatron_lm import init_parallel
 
+        from megatron.core import parallel_state
+
         init_parallel(self.tp, seed=self.cfg.policy.init_seed)
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         hf = self.policy.lm
         self.lm_config = hf.config
         self.policy.lm = self._megatron_lm(hf.state_dict())
-        self.prox = self.ref = None
         self._setup_optimizer()
 
     def _megatron_lm(self, hf_state: dict):
-        from megatron.core import parallel_state
-
         from .megatron_lm import MegatronLlama, hf_to_mcore
 
         lm = MegatronLlama(self.lm_config, self.tp)
-        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         lm.gpt.load_state_dict(hf_to_mcore(hf_state, self.lm_config, self.tp, self.tp_rank), strict=False)
         return lm.to(self.device)
 
     def _clone(self):
         """A frozen copy of the policy (for Megatron a fresh replica: its modules hold process groups)."""
-        if not hasattr(self, "lm_config"):
+        if not self.megatron:
             return copy.deepcopy(self.policy).eval()
         twin = make_policy(self.cfg, self.spec).to(self.device)
         twin.lm = self._megatron_lm(twin.lm.state_dict())
@@ -205,7 +207,7 @@ class TorchLearner:
         a = self.cfg.algo
         if not (self.cfg.mode.eta > 0 or a.name == "vtrace" or a.check_logprobs):
             return None
-        if self.prox is not None and hasattr(self, "lm_config"):
+        if self.prox is not None and self.megatron:
             self.prox.load_state_dict(self.policy.state_dict())   # reuse the replica
             return self.prox
         return self._clone()
@@ -235,6 +237,7 @@ class TorchLearner:
     # ------------------------------------------------------------ one optimizer step
     def train(self, slices: tuple[Slice, ...], version: int) -> np.ndarray:
         self.version = version
+        self._full_cache = None   # the weights are about to change
         if self.cfg.runtime.evaluate:   # rows are counted, the weights never change
             sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
             sums[0] = sum(s.stop - s.start for s in slices if s.owner == self.dp_index)
@@ -418,17 +421,20 @@ class TorchLearner:
 
     # ------------------------------------------------------------ weights and checkpoints
     def _full_state(self) -> dict[str, torch.Tensor]:
-        """The policy's state in the transformers layout (Megatron: the LM's shards gathered)."""
-        if not hasattr(self, "lm_config"):
+        """The policy's state in the transformers layout (Megatron: the LM's shards gathered,
+        once per optimizer step: publishing and checkpointing a version share one gather)."""
+        if not self.megatron:
             return self.policy.state_dict()
-        from .megatron_lm import gather_hf
+        if self._full_cache is None:
+            from .megatron_lm import gather_hf
 
-        out = {k: v for k, v in self.policy.state_dict().items() if not k.startswith("lm.")}
-        out.update({f"lm.{k}": v for k, v in gather_hf(self.policy.lm.gpt, self.lm_config).items()})
-        return out
+            out = {k: v for k, v in self.policy.state_dict().items() if not k.startswith("lm.")}
+            out.update({f"lm.{k}": v for k, v in gather_hf(self.policy.lm.gpt, self.lm_config).items()})
+            self._full_cache = out
+        return self._full_cache
 
     def _load_full_state(self, model, state: dict[str, torch.Tensor]) -> None:
-        if not hasattr(self, "lm_config"):
+        if not self.megatron:
             model.load_state_dict(state)
             return
         from .megatron_lm import hf_to_mcore
@@ -439,7 +445,7 @@ class TorchLearner:
 
     def weights(self) -> np.ndarray:
         """Flat float32 parameters in the transformers model's order (collective with Megatron)."""
-        if not hasattr(self, "lm_config"):
+        if not self.megatron:
             return flat_params(self.policy)
         state = self._full_state()
         return torch.cat([state[name].detach().float().reshape(-1).cpu() for name in self.export_names]).numpy()
@@ -452,7 +458,7 @@ class TorchLearner:
         """Model (transformers layout, whatever the backend) and optimizer; with Megatron the
         optimizer state of every TP rank, in rank order (collective)."""
         opt = self.opt.state_dict()
-        if hasattr(self, "lm_config"):
+        if self.megatron:
             import torch.distributed as dist
             from megatron.core import parallel_state
 
@@ -466,6 +472,7 @@ class TorchLearner:
         return out
 
     def load_state(self, state: dict) -> None:
+        self._full_cache = None
         self._load_full_state(self.policy, state["model"])
         opt = state["optimizer"]
         self.opt.load_state_dict(opt["tp_ranks"][self.tp_rank] if "tp_ranks" in opt else opt)

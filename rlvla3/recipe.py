@@ -23,11 +23,18 @@ import time
 from pathlib import Path
 
 
+STAGE_TIMEOUT = 3 * 3600.0   # s; each stage also bounds its own waits (runtime.*, --timeout)
+
+
 def step(args: list[str], log: Path) -> None:
     """Run one stage as its own command; its output goes to `log`; a failure stops the recipe."""
     t0 = time.time()
     with open(log, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT).returncode
+        try:
+            rc = subprocess.run([sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT,
+                                timeout=STAGE_TIMEOUT).returncode
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"{args[0]} did not finish within {STAGE_TIMEOUT:.0f}s; see {log}") from None
     print(f"  {args[0]:16s} {time.time() - t0:6.0f}s  (log {log})", flush=True)
     if rc != 0:
         raise SystemExit(f"{' '.join(args[:1])} failed (exit {rc}); see {log}")

@@ -66,6 +66,14 @@ class SegmentBuffer:
         })
 
 
+def segment_meta(cfg: RunConfig, d: Derived, g: Group, seq: int, rank: int) -> tuple[str, dict]:
+    """The shard name and attributes of group `g`'s segment `seq` (rollouts and demonstrations)."""
+    step = seq // d.segments_per_step
+    return shards.shard_name(step, g.gid, seq), {
+        "producer_rank": rank, "group": g.gid, "seq": seq, "step": step,
+        "env_ids": list(range(g.env_offset, g.env_offset + g.size)), "env": cfg.env.name, "task": cfg.env.task}
+
+
 def obs_digest(images: np.ndarray, proprio: np.ndarray) -> int:
     """crc32 of one observation: equal digests = the same initial state (grpo's check)."""
     return zlib.crc32(proprio.astype(np.float32).tobytes(), zlib.crc32(np.ascontiguousarray(images).tobytes()))
@@ -256,12 +264,9 @@ class Simulator:
     def publish(self, group: GroupLoop, bootstrap: np.ndarray) -> None:
         """Hand the finished segment to the writer; the group records into a fresh buffer."""
         g = group.g
-        name = shards.shard_name(group.step_index, g.gid, group.seq)
+        name, attrs = segment_meta(self.cfg, self.d, g, group.seq, self.rank)
         arrays = group.seg.arrays
         group.seg = SegmentBuffer.allocate(group.T, g.size, self.spec)
-        attrs = {"producer_rank": self.rank, "group": g.gid, "seq": group.seq, "step": group.step_index,
-                 "env_ids": list(range(g.env_offset, g.env_offset + g.size)),
-                 "env": self.cfg.env.name, "task": self.cfg.env.task}
         if group.episodic:
             attrs["reset_digests"] = group.reset_digests
         v = arrays["versions"]
