@@ -65,11 +65,14 @@ def flat(x: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x.reshape(-1, *x.shape[2:])))
 
 
-def load_rows(path: Path, algo) -> Rows:
-    """Read a shard and compute its advantages and returns (vtrace: later, per version)."""
+def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
+    """Read a shard and compute its advantages and returns (vtrace: later, per version;
+    evaluation: none, the rows are only counted)."""
     a, attrs = shards.read_shard(path)
     segment = {}
-    if algo.name == "grpo":
+    if evaluate:   # an evaluation run of a grpo config resets from per-env seeds: no groups to check
+        adv = ret = np.zeros_like(a["values"])
+    elif algo.name == "grpo":
         adv, ret = grpo_segment(a, attrs, path.name)
     elif algo.name == "vtrace":
         adv = ret = np.zeros_like(a["values"])
@@ -219,7 +222,7 @@ class TorchLearner:
         path = self.shards_dir / name
         try:
             with self.metrics.timed("load_shard", shard=name):
-                self.loaded[name] = load_rows(path, self.cfg.algo)
+                self.loaded[name] = load_rows(path, self.cfg.algo, self.cfg.runtime.evaluate)
         except shards.ShardError as e:
             shards.quarantine(path, str(e))
             self.bad.add(name)

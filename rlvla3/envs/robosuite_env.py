@@ -36,7 +36,11 @@ def make_robosuite(cfg_env):
         cfg_env.task, robots=cfg_env.robot, has_renderer=False, has_offscreen_renderer=True,
         use_camera_obs=True, camera_names=list(cfg_env.cameras), camera_heights=cfg_env.image_size,
         camera_widths=cfg_env.image_size, control_freq=cfg_env.control_freq, horizon=10**9,
-        hard_reset=False, reward_shaping=False, ignore_done=True)
+        hard_reset=False, reward_shaping=False, ignore_done=True,
+        # The model is drawn at construction (Lift: the cube's size) from env.rng: one fixed seed
+        # makes it the same in every env process, so one reset seed is one state in any env (a
+        # grpo group); reset(seed) re-seeds env.rng for the per-episode draws.
+        seed=0)
 
 
 class RobosuiteEnv:
@@ -51,22 +55,39 @@ class RobosuiteEnv:
         self.raw: dict = {}
 
     def _fast_render(self) -> None:
-        """Rebuild the offscreen context with MSAA off (read at context creation) and reflections off."""
+        """Rebuild the offscreen context with MSAA off (read at context creation) and reflections off.
+
+        The old context is freed *before* the new one is made: freeing a GL context releases
+        whatever context is current, so an old context collected after the new one was built
+        left the new one unbound and every frame garbage (tests/test_envs.py compares frames)."""
+        import gc
+
         import mujoco
         from robosuite.utils.binding_utils import MjRenderContextOffscreen
 
         sim = self.env.sim
-        old = sim._render_context_offscreen
+        geomgroup = np.array(sim._render_context_offscreen.vopt.geomgroup)
+        sim._render_context_offscreen = None
+        gc.collect()   # runs the old context's __del__ (frees its MjrContext and GL context) now
         sim.model.vis.quality.offsamples = 0
         ctx = MjRenderContextOffscreen(sim, device_id=self.env.render_gpu_device_id)
-        ctx.vopt.geomgroup[:] = old.vopt.geomgroup
+        ctx.vopt.geomgroup[:] = geomgroup
         ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        ctx.gl_ctx.make_current()
 
     def reset(self, seed: int) -> Obs:
-        np.random.seed(seed)  # robosuite's placement samplers draw from numpy's global RNG
+        self._seed(seed)
         if self.expert is not None:
             self.expert.reset()
         return self._obs(self.env.reset())
+
+    def _seed(self, seed: int) -> None:
+        """Make the next reset a function of `seed` alone. robosuite 1.5 draws object placement
+        and the robot's initial joint noise from one numpy Generator, `env.rng`, which the
+        placement samplers hold by reference: re-seed that object in place (a new Generator would
+        leave the samplers on the old one). numpy's global RNG is seeded too, for tasks that use it."""
+        self.env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+        np.random.seed(seed % 2**32)
 
     def step(self, action: np.ndarray):
         raw, reward, _, _ = self.env.step(np.asarray(action, np.float64))
