@@ -72,28 +72,41 @@ def test_emulated_latency_is_waited_without_cpu():
     assert time.process_time() - c0 < 0.04
 
 
+def seeded_first_frames(overrides: list[str], action_dim: int) -> np.ndarray:
+    """Reset two env processes with one seed, step, reset again, and reset with another seed;
+    checks that a reset is a function of its seed alone (in any process: grpo groups share one
+    initial state) and returns the first frame [H, W, 3]."""
+    g = make_vec_env(compose(["env.num_envs=2", *overrides]), [0, 1], seed=0)
+    try:
+        a = reset(g, seed=7)
+        drive(g, np.random.default_rng(0).uniform(-1, 1, (2, action_dim)).astype(np.float32))
+        b = reset(g, seed=7)
+        c = reset(g, seed=8)
+    finally:
+        g.close()
+    assert np.array_equal(a.images, b.images) and np.array_equal(a.proprio, b.proprio)   # seed -> state
+    assert np.array_equal(a.images[0], a.images[1])                      # two processes, one seed: one state
+    assert np.abs(a.images.astype(int) - c.images).mean() > 0.05          # another seed moves the object
+    return a.images[0, 0].astype(int)
+
+
 @pytest.mark.sim
 def test_robosuite_fast_render_matches_stock_and_resets_are_seeded():
     """The fast-render frame is the stock frame without anti-aliasing (once, a rebuilt render
-    context left every frame garbage: a std check passed, this comparison fails), and a reset
-    is a function of its seed alone (grpo groups share one initial state)."""
+    context left every frame garbage: a std check passed, this comparison fails)."""
     pytest.importorskip("robosuite", reason="robosuite not installed (pip install --no-deps robosuite==1.5.2)")
-    frames = {}
-    for fast in (True, False):
-        g = make_vec_env(compose(["env.num_envs=2", f"env.fast_render={fast}"]), [0, 1], seed=0)
-        try:
-            a = reset(g, seed=7)
-            drive(g, np.random.default_rng(0).uniform(-1, 1, (2, 7)).astype(np.float32))
-            b = reset(g, seed=7)
-            c = reset(g, seed=8)
-        finally:
-            g.close()
-        assert np.array_equal(a.images, b.images) and np.array_equal(a.proprio, b.proprio)   # seed -> state
-        assert np.array_equal(a.images[0], a.images[1])                      # both envs, one seed: one state
-        assert np.abs(a.images.astype(int) - c.images).mean() > 0.05          # another seed moves the cube
-        frames[fast] = a.images[0, 0].astype(int)
-    diff = np.abs(frames[True] - frames[False])
+    fast, stock = (seeded_first_frames([f"env.fast_render={f}"], 7) for f in (True, False))
+    diff = np.abs(fast - stock)
     assert diff.mean() < 3.0, f"fast-render frame differs from the stock one by {diff.mean():.1f}/255 on average"
+
+
+@pytest.mark.sim
+def test_metaworld_resets_are_seeded():
+    """Meta-World's own MT1 wrapper ignores reset seeds (it picks one of 50 fixed positions with
+    its own RNG); the adapter seeds the task's RNG instead."""
+    pytest.importorskip("metaworld", reason="metaworld not installed (pip install --no-deps metaworld==3.1.1)")
+    frame = seeded_first_frames(["env=metaworld_pickplace", "env.task=drawer-open-v3"], 4)
+    assert frame.std() > 10   # a rendered scene
 
 
 @pytest.mark.sim

@@ -8,7 +8,10 @@ Instruction: the task name in words ("pick-place-v3" -> "pick place").
 Success: Meta-World's `info["success"]`; reward 1 on success, which ends the episode.
 Fast render (the default): MSAA, shadows, reflections and skybox off (~14 ms a step + 64x64
 frame instead of ~115 ms). The corner cameras render upside down: their frames are turned 180°.
-Per-episode seeds go to `reset(seed=...)`, which draws the object and goal positions.
+Per-episode seeds: `reset(seed)` re-seeds the task's RNG, which then draws the object and goal
+positions; the same seed gives the same state in any process. (The env is the task's own class,
+not gymnasium's "Meta-World/MT1", whose wrapper picks one of 50 pre-drawn positions with an RNG of
+its own and whose reset ignores its seed.)
 """
 from __future__ import annotations
 
@@ -29,15 +32,18 @@ def instruction(task: str) -> str:
 class MetaWorldEnv:
     def __init__(self, cfg_env):
         child_env_vars()
-        import gymnasium as gym
-        import metaworld  # noqa: F401  (registers the Meta-World/* environments)
+        from metaworld.env_dict import ALL_V3_ENVIRONMENTS
         from metaworld.policies import ENV_POLICY_MAP
 
-        if cfg_env.task not in ENV_POLICY_MAP:
+        if cfg_env.task not in ENV_POLICY_MAP or cfg_env.task not in ALL_V3_ENVIRONMENTS:
             raise ValueError(f"env.task={cfg_env.task!r} is not a Meta-World task; e.g. {sorted(ENV_POLICY_MAP)[:5]}")
         self.c = cfg_env
-        self.env = gym.make("Meta-World/MT1", env_name=cfg_env.task, render_mode="rgb_array",
-                            camera_name=cfg_env.cameras[0], width=cfg_env.image_size, height=cfg_env.image_size)
+        self.env = ALL_V3_ENVIRONMENTS[cfg_env.task](render_mode="rgb_array", camera_name=cfg_env.cameras[0],
+                                                    width=cfg_env.image_size, height=cfg_env.image_size)
+        # What MT1 sets up, minus its 50 fixed positions: goal hidden from the state vector,
+        # positions drawn per reset from the env's own (seeded) RNG.
+        u = self.env
+        u._partially_observable, u._freeze_rand_vec, u.seeded_rand_vec, u._set_task_called = True, False, True, True
         self.cams = list(cfg_env.cameras)
         self.fast = cfg_env.fast_render
         if self.fast:
@@ -67,7 +73,8 @@ class MetaWorldEnv:
         return np.ascontiguousarray(np.stack(frames))
 
     def reset(self, seed: int) -> Obs:
-        self.state, _ = self.env.reset(seed=int(seed))
+        self.env.seed(int(seed))
+        self.state, _ = self.env.reset()
         self.expert = type(self.expert)()
         return self._obs()
 
