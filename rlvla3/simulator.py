@@ -16,7 +16,8 @@ With `mode.env_level` off, the groups of a rank advance in lockstep (the sync ba
 Episodic mode (grpo and evaluation, `config.episodic`): a segment holds whole episodes. At each
 segment start the group resets all its envs (grpo: with one shared seed, so one GRPO group = one
 initial state); an env whose episode ended records invalid rows until the segment ends; no
-bootstrap value is needed.
+bootstrap value is needed. Once all of a group's episodes have ended, the rest of the segment
+is padded with invalid rows at once.
 """
 from __future__ import annotations
 
@@ -175,6 +176,8 @@ class GroupLoop:
                 m.span("reset", time.time(), out.reset_s, gid=self.g.gid)
             self._count_episodes(out)
             self.t += 1
+            if self.episodic and not self.alive.any():
+                self._pad_segment()
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
         if self.state == RESETTING and self.episodic:
             self.reset_digests = [obs_digest(out.images[i], out.proprio[i]) for i in range(self.g.size)]
@@ -185,6 +188,16 @@ class GroupLoop:
                 self._send_request(Kind.BOOTSTRAP)
         else:
             self.state = SEND
+
+    def _pad_segment(self) -> None:
+        """Episodic: every episode of the group has ended, so the rest of the segment would only
+        be invalid rows. Write them now (valid=False, the last row's version, so the Trainer
+        neither trains nor re-evaluates them) instead of asking the Generator for actions no env
+        executes; the next reset starts at once."""
+        s, t = self.seg.arrays, self.t
+        s["versions"][t:] = s["versions"][t - 1]
+        s["valid"][t:] = False
+        self.t = self.T
 
     def _count_episodes(self, out: GroupStep) -> None:
         self.ret += out.reward

@@ -65,6 +65,9 @@ def test_grpo_segments_hold_whole_episodes_from_one_state(tmp_path):
         for i, t in enumerate(last):
             assert a["valid"][: t + 1, i].all() and not a["valid"][t + 1:, i].any()
             assert (a["env_steps"][t + 1:, i] == 0).all() and (a["rewards"][t + 1:, i] == 0).all()
+        # After the group's last episode ended the segment is padded at once: invalid rows that
+        # carry the last row's version (never a version the rows were not produced under).
+        assert (a["versions"] >= a["versions"][0].min()).all()
 
 
 def test_vtrace_with_kl_runs_async_and_logprobs_match(tmp_path):
