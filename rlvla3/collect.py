@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.episodes < 1:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
     cfg = compose(a.overrides)
-    cfg = config.replace(cfg, policy={"chunk": 1})   # one expert step per row
+    # One expert step per row, recorded as a stream with auto-resets whatever algorithm later
+    # trains on the demonstrations (grpo's whole-episode segments and shared resets are for rollouts).
+    cfg = config.replace(cfg, policy={"chunk": 1}, algo={"name": "ppo"})
     tasks = expert_tasks(cfg)
     if tasks is not None and cfg.env.task not in tasks:
         raise SystemExit(f"env.name={cfg.env.name} env.task={cfg.env.task}: no scripted expert; experts exist for "

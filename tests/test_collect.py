@@ -60,7 +60,8 @@ def test_a_task_without_an_expert_is_refused_early(tmp_path):
 
 @pytest.mark.sim
 def test_robosuite_lift_expert_demonstrations(tmp_path):
-    collect(tmp_path, "env=robosuite_lift", "--episodes", "2")
+    # The recipe's grpo config: demonstrations are still a stream with auto-resets.
+    collect(tmp_path, "+experiment=lift_grpo", "env.num_envs=2", "--episodes", "2")
     got = read_all(tmp_path / "demos")
     assert sum(attrs["successes"] for _, attrs in got) == sum(attrs["episode_ends"] for _, attrs in got) >= 2
     a, _ = got[0]
