@@ -46,6 +46,19 @@ def evaluate(ckpt: Path, out: Path, a, overrides: list[str]) -> dict:
     return json.loads((out / "eval.json").read_text())
 
 
+SMOOTH = 5   # versions per point of the training curves: a grpo version holds only a few initial states
+
+
+def smoothed_success(history: list[dict], window: int) -> list[float]:
+    """Success rate over the episodes of the last `window` versions, at each version."""
+    out = []
+    for i in range(len(history)):
+        h = history[max(0, i - window + 1):i + 1]
+        eps = sum(x["episodes"] for x in h)
+        out.append(sum(x["success"] * x["episodes"] for x in h) / eps if eps else float("nan"))
+    return out
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -57,8 +70,8 @@ def plot(result: dict, path: Path) -> None:
     for mode, r in result["rl"].items():
         h = r["history"]
         steps = [sum(x["env_steps"] for x in h[:i + 1]) for i in range(len(h))]
-        succ = [x["success"] for x in h]
-        axes[0].plot(steps, succ, color=colors[mode], label=f"{mode} (training episodes)")
+        succ = smoothed_success(h, SMOOTH)
+        axes[0].plot(steps, succ, color=colors[mode], label=f"{mode} (training episodes, last {SMOOTH} versions)")
         axes[1].plot([x["t"] for x in h], succ, color=colors[mode], label=mode)
         lo, hi = r["eval"]["wilson95"]
         for ax, x in ((axes[0], steps[-1]), (axes[1], h[-1]["t"])):

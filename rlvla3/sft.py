@@ -16,6 +16,7 @@ K consecutive actions of each row's env (`chunk_actions`). The value head is not
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -100,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
     ap.add_argument("--batch", type=int, default=64, help="rows per step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (default: every core; SFT is one process, unlike a run's ranks)")
     ap.add_argument("--out", default="sft.pt", help="the checkpoint to write (policy.init_from of the RL run)")
     ap.add_argument("overrides", nargs="*", help="config overrides: the RL run's env and policy")
     a = ap.parse_intermixed_args(argv)
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from .launch import compose
 
     cfg = compose(a.overrides)
-    torch.set_num_threads(cfg.policy.torch_threads)
+    torch.set_num_threads(a.threads or os.cpu_count() or 1)
     rows = load_demos(Path(a.demos), cfg.policy.chunk)
     t0 = time.time()
     policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed)

@@ -89,3 +89,27 @@ def test_chunked_sft_from_one_step_demonstrations(tmp_path):
     assert sum(hist[-10:]) < sum(hist[:10]), out.stdout
     cfg = compose(["+experiment=toy", "policy.chunk=2"])
     load_init(make_policy(cfg, spec(cfg)), str(tmp_path / "sft2.pt"))   # an RL run with chunk 2 starts from it
+
+
+def test_recipe_training_curve_is_a_success_rate_over_whole_versions():
+    from rlvla3.recipe import smoothed_success
+
+    h = [{"episodes": 4, "success": 0.0}, {"episodes": 0, "success": 0.0}, {"episodes": 12, "success": 0.5}]
+    assert smoothed_success(h, 2) == [0.0, 0.0, 0.5]
+    assert smoothed_success(h, 3)[-1] == pytest.approx(6 / 16)
+
+
+@needs_mpi
+@pytest.mark.slow
+def test_recipe_runs_every_stage_and_writes_its_numbers(tmp_path):
+    """python -m rlvla3.recipe end to end on toy (grpo: the collect stage must not inherit its
+    whole-episode segments), tiny sizes: the plumbing, not the learning."""
+    out = run("rlvla3.recipe", "+experiment=toy_grpo", "--out", str(tmp_path), "--demo-episodes", "16",
+              "--sft-steps", "5", "--versions", "2", "--eval-episodes", "16", timeout=900)
+    r = json.loads((tmp_path / "recipe.json").read_text())
+    assert set(r["rl"]) == {"sync", "async"} and (tmp_path / "recipe.png").stat().st_size > 10_000
+    for mode, x in r["rl"].items():
+        assert len(x["history"]) == 2 and x["env_steps"] > 0, mode
+        assert x["eval"]["episodes"] == 16 and 0 <= x["eval"]["success_rate"] <= 1
+    assert r["sft_eval"]["episodes"] == 16
+    assert "RL async" in out.stdout and "SFT" in out.stdout
