@@ -124,8 +124,13 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: 
     With fresh samples pi_prox = pi_behav, so w = 1 and this is standard PPO.
     """
     m = torch.ones_like(logp) if weight is None else weight
-    ratio = torch.exp(logp - logp_prox)
-    w = torch.exp(logp_prox - logp_behav).clamp(max=behaviour_clip).detach()
+    # Padding rows (m = 0) hold log-probs of samples nobody drew (grpo: a segment padded after
+    # its episodes ended): their ratios are set to 1 so that an exp overflow there cannot put
+    # 0 * inf = NaN into the loss or the diagnostics.
+    keep = m > 0
+    log_ratio = torch.where(keep, logp - logp_prox, 0.0)
+    ratio = torch.exp(log_ratio)
+    w = torch.exp(torch.where(keep, logp_prox - logp_behav, 0.0)).clamp(max=behaviour_clip).detach()
     surr = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
     l_pi = -(m * w * surr).sum()
     l_v = 0.5 * (m * (value - ret) ** 2).sum()
@@ -135,5 +140,5 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: 
         total = total + kl_coef * (m * kl_k3(logp, logp_ref)).sum()
     with torch.no_grad():
         clip_frac = (m * ((ratio - 1).abs() > clip).float()).sum()
-        approx_kl = (m * ((ratio - 1) - torch.log(ratio))).sum()
+        approx_kl = (m * (torch.expm1(log_ratio) - log_ratio)).sum()
     return LossTerms(total, l_pi.detach(), l_v.detach(), h.detach(), clip_frac, (m * w).sum(), approx_kl)
