@@ -52,9 +52,9 @@ def test_expert_sample_layouts():
 
 
 def test_a_task_without_an_expert_is_refused_early(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "rlvla3.collect", "--out", str(tmp_path / "d"), "env=robosuite_door"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "env.task=Door: no scripted expert" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "rlvla3.collect", "--out", str(tmp_path / "d"), "env=robosuite_door",
+                          "env.task=Wipe"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "env.task=Wipe: no scripted expert" in out.stderr
     assert not (tmp_path / "d").exists(), "nothing is written for a refused collection"
 
 

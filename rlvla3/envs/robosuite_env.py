@@ -10,7 +10,7 @@ Soft resets (hard_reset=False: ~20 ms instead of ~1 s, flat memory). Fast render
 reflections off on the offscreen context (~3x faster, same-looking images).
 Success = env._check_success() after each step; reward 1 on success, which ends the episode.
 `expert_action()`: the task's scripted expert (experts.py) on the privileged state, for
-demonstrations (Lift, Stack, PickPlaceCan; Door has none yet).
+demonstrations (Lift, Stack, PickPlaceCan, Door).
 """
 from __future__ import annotations
 
