@@ -91,14 +91,21 @@ def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarra
     digests of their first observations); each episode's outcome, 1 if it succeeded else 0 (the
     env's own success flag; dense shaping rewards are ignored: normalised within a group they
     would turn tiny return differences of failed episodes into full-size advantages), is
-    normalised within the group and given to every decision of the episode. No critic."""
+    normalised within the group and given to every decision of the episode, divided by the
+    episode's length (relative to the group's mean). No critic."""
     digests = attrs.get("reset_digests") or []
     if len(set(digests)) != 1:
         raise RuntimeError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
                            f"(first-observation digests {digests} of envs {attrs.get('env_ids')}): the env's reset "
                            f"is not a function of its seed, or the shard was not written in episodic mode")
     outcome = (a["success"] & a["valid"]).any(0).astype(np.float32)
-    adv = np.broadcast_to(grpo_advantages(outcome), a["rewards"].shape) * a["valid"]
+    # GRPO's 1/|o_i|: each episode weighs the same whatever its length. Summed over rows instead,
+    # failures (which run to the horizon) outweigh the shorter successes of their group, so the
+    # net update pushes sampled actions down and entropy up (seen on Lift). Scaled by the mean
+    # length, a row keeps weight 1 on average and a group's advantages sum to 0 over its rows.
+    rows = a["valid"].sum(0).astype(np.float64)
+    per_row = grpo_advantages(outcome) * rows.mean() / np.maximum(rows, 1)
+    adv = np.broadcast_to(per_row, a["rewards"].shape) * a["valid"]
     return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
 
 

@@ -185,3 +185,24 @@ def test_weighted_loss_ignores_padding_rows():
     kept = decoupled_ppo_loss(*(x[:6] for x in a), 0.2, 2.0, 0.5, 0.01)
     for f in ("total", "policy", "approx_kl", "clip_frac", "behaviour_weight"):
         assert torch.isclose(getattr(full, f), getattr(kept, f)), f
+
+
+def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
+    """GRPO's 1/|o_i|: a short success and long failures of one group move the policy by equal
+    and opposite amounts (summed over rows, the failures' horizon-long episodes outweighed it)."""
+    from rlvla3.algo import grpo_advantages
+    from rlvla3.learner import grpo_segment
+
+    T, N = 10, 4
+    valid = np.zeros((T, N), bool)
+    lengths = [3, 10, 10, 7]
+    for i, n in enumerate(lengths):
+        valid[:n, i] = True
+    success = np.zeros((T, N), bool)
+    success[2, 0] = True                                  # env 0 succeeds at its 3rd decision
+    a = {"success": success, "valid": valid, "rewards": np.zeros((T, N), np.float32)}
+    adv, _ = grpo_segment(a, {"reset_digests": [7] * N}, "shard")
+    per_episode = adv.sum(0)
+    np.testing.assert_allclose(per_episode, grpo_advantages(success.any(0).astype(np.float32)) * np.mean(lengths),
+                               rtol=1e-5)
+    assert abs(adv.sum()) < 1e-4 and not adv[~valid].any()
