@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -41,9 +42,17 @@ def step(args: list[str], log: Path) -> None:
 
 
 def evaluate(ckpt: Path, out: Path, a, overrides: list[str]) -> dict:
-    step(["rlvla3.evaluate", "--checkpoint", str(ckpt), "--episodes", str(a.eval_episodes), "--out", str(out),
-          *overrides, "runtime.tensorboard=false"], out.with_suffix(".log"))
+    if not (a.resume and (out / "eval.json").is_file()):
+        shutil.rmtree(out, ignore_errors=True)   # a partial evaluation starts over
+        step(["rlvla3.evaluate", "--checkpoint", str(ckpt), "--episodes", str(a.eval_episodes), "--out", str(out),
+              *overrides, "runtime.tensorboard=false"], out.with_suffix(".log"))
     return json.loads((out / "eval.json").read_text())
+
+
+def finished_run(run: Path, versions: int) -> bool:
+    """An RL stage that trained all its versions (--resume keeps it; a partial one is redone)."""
+    f = run / "summary.json"
+    return f.is_file() and len(json.loads(f.read_text())["history"]) >= versions
 
 
 SMOOTH = 5   # versions per point of the training curves: a grpo version holds only a few initial states
@@ -99,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", type=int, default=20, help="RL versions per mode")
     ap.add_argument("--eval-episodes", type=int, default=208, help="evaluation episodes per checkpoint")
     ap.add_argument("--modes", default="sync,async", help="RL modes to run")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the stages --out already holds (demos, sft.pt, evaluations, finished RL runs)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every stage (env, policy, ...)")
     a = ap.parse_intermixed_args(argv)
     out = Path(a.out or f"runs/recipe/{time.strftime('%Y-%m-%d-%H-%M-%S')}")
@@ -106,14 +117,22 @@ def main(argv: list[str] | None = None) -> int:
     ov = list(a.overrides)
     t0 = time.time()
     print(f"recipe in {out}:", flush=True)
-    step(["rlvla3.collect", "--episodes", str(a.demo_episodes), "--out", str(out / "demos"), *ov], out / "collect.log")
-    step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps), "--out", str(out / "sft.pt"), *ov],
-         out / "sft.log")
+    if not (a.resume and any((out / "demos" / "shards").glob("s*"))):
+        step(["rlvla3.collect", "--episodes", str(a.demo_episodes), "--out", str(out / "demos"), *ov], out / "collect.log")
+    if not (a.resume and (out / "sft.pt").is_file()):
+        step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps), "--out", str(out / "sft.pt"), *ov],
+             out / "sft.log")
     result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov), "rl": {}}
     for mode in a.modes.split(","):
         run = out / f"rl-{mode}"
-        step(["rlvla3.launch", *ov, f"mode={mode}", f"policy.init_from={(out / 'sft.pt').resolve()}",
-              f"algo.max_versions={a.versions}", "runtime.tensorboard=false", f"hydra.run.dir={run}"], out / f"rl-{mode}.log")
+        if a.resume and finished_run(run, a.versions):
+            print(f"  {mode}: kept {run}", flush=True)
+        else:
+            for stale in (run, out / f"eval-{mode}"):   # an interrupted stage starts over
+                shutil.rmtree(stale, ignore_errors=True)
+            step(["rlvla3.launch", *ov, f"mode={mode}", f"policy.init_from={(out / 'sft.pt').resolve()}",
+                  f"algo.max_versions={a.versions}", "runtime.tensorboard=false", f"hydra.run.dir={run}"],
+                 out / f"rl-{mode}.log")
         ckpt = sorted((run / "ckpt").glob("v*.pt"))[-1]
         summary = json.loads((run / "summary.json").read_text())
         result["rl"][mode] = {"history": summary["history"], "wall_s": summary["history"][-1]["t"],

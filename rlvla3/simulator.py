@@ -17,7 +17,7 @@ Episodic mode (grpo and evaluation, `config.episodic`): a segment holds whole ep
 segment start the group resets all its envs (grpo: with one shared seed, so one GRPO group = one
 initial state); an env whose episode ended records invalid rows until the segment ends; no
 bootstrap value is needed. Once all of a group's episodes have ended, the rest of the segment
-is padded with invalid rows at once.
+is padded with invalid rows at once (env_level only: lockstep groups take every step together).
 """
 from __future__ import annotations
 
@@ -176,7 +176,7 @@ class GroupLoop:
                 m.span("reset", time.time(), out.reset_s, gid=self.g.gid)
             self._count_episodes(out)
             self.t += 1
-            if self.episodic and not self.alive.any():
+            if self.episodic and not self.alive.any() and self.sim.cfg.mode.env_level:
                 self._pad_segment()
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
         if self.state == RESETTING and self.episodic:
@@ -193,7 +193,9 @@ class GroupLoop:
         """Episodic: every episode of the group has ended, so the rest of the segment would only
         be invalid rows. Write them now (valid=False, the last row's version, so the Trainer
         neither trains nor re-evaluates them) instead of asking the Generator for actions no env
-        executes; the next reset starts at once."""
+        executes; the next reset starts at once. Only with env_level: in lockstep (sync) every
+        group of a rank takes every step together, and a group running ahead into the next
+        rollout step would leave the others' batches waiting for it."""
         s, t = self.seg.arrays, self.t
         s["versions"][t:] = s["versions"][t - 1]
         s["valid"][t:] = False

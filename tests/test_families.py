@@ -70,6 +70,20 @@ def test_grpo_segments_hold_whole_episodes_from_one_state(tmp_path):
         assert (a["versions"] >= a["versions"][0].min()).all()
 
 
+def test_grpo_in_lockstep_never_waits_on_a_group(tmp_path):
+    """mode=sync + grpo: a group whose episodes all ended early must not run ahead of the rank's
+    other groups (once, it padded its segment and moved on; the lockstep batch then waited for
+    it and each step took the 10 s no-progress interval)."""
+    # Groups of two envs and 20-step episodes: both episodes of a group often end early.
+    over = [*TOY, "mode=sync", "algo=grpo", "env.num_envs=4", "sharding.groups_per_rank=2", "env.horizon=20",
+            "algo.segment_steps=20", "algo.rollout_batch=160", "algo.global_batch=80", "algo.micro_batch=80",
+            "algo.max_versions=3"]
+    proc, run = run_engine(tmp_path, over)
+    assert_ok(proc)
+    check_every_shard_consumed_once(run, 3, 160)
+    assert "no progress" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
 def test_vtrace_with_kl_runs_async_and_logprobs_match(tmp_path):
     """V-trace targets (stale rows weighted by rho/c) and the KL term to the initial policy."""
     over = [*TOY, "mode=async", "algo=vtrace", "algo.max_versions=3", "algo.check_logprobs=true", "algo.kl_coef=0.01"]
