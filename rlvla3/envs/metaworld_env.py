@@ -8,8 +8,8 @@ Instruction: the task name in words ("pick-place-v3" -> "pick place").
 Success: Meta-World's `info["success"]`; reward 1 on success, which ends the episode.
 Fast render (the default): MSAA, shadows, reflections and skybox off (~14 ms a step + 64x64
 frame instead of ~115 ms). The corner cameras render upside down: their frames are turned 180°.
-Per-episode seeds: `reset(seed)` re-seeds the task's RNG, which then draws the object and goal
-positions; the same seed gives the same state in any process. (The env is the task's own class,
+Per-episode seeds: `reset(seed)` draws the object and goal positions from the seed (and seeds the
+task's RNG); the same seed gives the same state in any process. (The env is the task's own class,
 not gymnasium's "Meta-World/MT1", whose wrapper picks one of 50 pre-drawn positions with an RNG of
 its own and whose reset ignores its seed.)
 """
@@ -40,10 +40,12 @@ class MetaWorldEnv:
         self.c = cfg_env
         self.env = ALL_V3_ENVIRONMENTS[cfg_env.task](render_mode="rgb_array", camera_name=cfg_env.cameras[0],
                                                     width=cfg_env.image_size, height=cfg_env.image_size)
-        # What MT1 sets up, minus its 50 fixed positions: goal hidden from the state vector,
-        # positions drawn per reset from the env's own (seeded) RNG.
+        # What MT1 sets up, minus its 50 fixed positions: the goal is in the state vector (the
+        # scripted experts read it; the policy only ever sees the first PROPRIO_DIM entries),
+        # positions are drawn per reset from its seed (reset below).
         u = self.env
-        u._partially_observable, u._freeze_rand_vec, u.seeded_rand_vec, u._set_task_called = True, False, True, True
+        u._partially_observable, u._set_task_called = False, True
+        u.__dict__.pop("sawyer_observation_space", None)   # a cached property bounded by the old flag
         self.cams = list(cfg_env.cameras)
         self.fast = cfg_env.fast_render
         if self.fast:
@@ -73,8 +75,14 @@ class MetaWorldEnv:
         return np.ascontiguousarray(np.stack(frames))
 
     def reset(self, seed: int) -> Obs:
-        self.env.seed(int(seed))
-        self.state, _ = self.env.reset()
+        # The positions of this episode, drawn from `seed` and frozen for the reset (its
+        # reset_model runs twice and would otherwise draw twice), as MT1 does with its tasks.
+        u = self.env
+        space = u._random_reset_space
+        u._last_rand_vec = np.random.default_rng(seed).uniform(space.low, space.high, size=space.low.size)
+        u._freeze_rand_vec = True
+        u.seed(int(seed))
+        self.state, _ = u.reset()
         self.expert = type(self.expert)()
         return self._obs()
 
