@@ -86,7 +86,9 @@ class RobocasaEnv:
         self.instruction = cfg_env.instruction
 
     def reset(self, seed: int) -> Obs:
-        np.random.seed(seed)
+        from .robosuite_env import seed_robosuite
+
+        seed_robosuite(self.env, seed)   # RoboCasa's kitchens are robosuite envs: the same env.rng
         raw = self.env.reset()
         self.instruction = self.c.instruction or self.env.get_ep_meta().get("lang", self.c.task)
         return self._obs(raw)

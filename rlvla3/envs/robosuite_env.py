@@ -43,6 +43,15 @@ def make_robosuite(cfg_env):
         seed=0)
 
 
+def seed_robosuite(env, seed: int) -> None:
+    """Make `env`'s next reset a function of `seed` alone. robosuite 1.5 draws object placement
+    and the robot's initial joint noise from one numpy Generator, `env.rng`, which the
+    placement samplers hold by reference: re-seed that object in place (a new Generator would
+    leave the samplers on the old one). numpy's global RNG is seeded too, for tasks that use it."""
+    env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
+    np.random.seed(seed % 2**32)
+
+
 class RobosuiteEnv:
     def __init__(self, cfg_env):
         self.c = cfg_env
@@ -76,18 +85,10 @@ class RobosuiteEnv:
         ctx.gl_ctx.make_current()
 
     def reset(self, seed: int) -> Obs:
-        self._seed(seed)
+        seed_robosuite(self.env, seed)
         if self.expert is not None:
             self.expert.reset()
         return self._obs(self.env.reset())
-
-    def _seed(self, seed: int) -> None:
-        """Make the next reset a function of `seed` alone. robosuite 1.5 draws object placement
-        and the robot's initial joint noise from one numpy Generator, `env.rng`, which the
-        placement samplers hold by reference: re-seed that object in place (a new Generator would
-        leave the samplers on the old one). numpy's global RNG is seeded too, for tasks that use it."""
-        self.env.rng.bit_generator.state = np.random.default_rng(seed).bit_generator.state
-        np.random.seed(seed % 2**32)
 
     def step(self, action: np.ndarray):
         raw, reward, _, _ = self.env.step(np.asarray(action, np.float64))
