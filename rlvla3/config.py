@@ -47,6 +47,10 @@ class EnvConfig:
     """robosuite robot."""
     control_freq: int = 20
     """robosuite control frequency (Hz)."""
+    arm_controller: str = "OSC_POSE"
+    """robosuite arm controller: OSC_POSE (action 7-D: end-effector position delta 3, axis-angle
+    delta 3, gripper) | OSC_POSITION (action 4-D: position delta 3, gripper; the hand keeps its
+    reset orientation). Tasks whose expert turns the hand (Door) need OSC_POSE."""
     fast_render: bool = True
     """robosuite/metaworld: MSAA and reflections (metaworld: also shadows, skybox) off; several times
     faster on CPU; false gives the stock look."""
@@ -456,6 +460,10 @@ def validate(cfg: RunConfig) -> None:
     _require(e.name in ("toy", "emulated", "robosuite", "metaworld", "robocasa"), "env.name", e.name,
              "use toy, emulated, robosuite, metaworld or robocasa")
     _require(e.num_envs >= 1, "env.num_envs", e.num_envs, "must be >= 1")
+    _require(e.arm_controller in ("OSC_POSE", "OSC_POSITION"), "env.arm_controller", e.arm_controller,
+             "use OSC_POSE or OSC_POSITION")
+    _require(e.arm_controller == "OSC_POSE" or e.name == "robosuite", "env.arm_controller", e.arm_controller,
+             f"only env.name=robosuite can change its arm controller (env.name={e.name!r})")
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
     _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")

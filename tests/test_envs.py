@@ -179,3 +179,37 @@ def test_robocasa_missing_says_what_to_install():
         pytest.skip("robocasa is installed here: the missing-install message cannot be shown")
     with pytest.raises(RuntimeError, match="RoboCasa is not installed.*download_kitchen_assets"):
         require_robocasa()
+
+
+@pytest.mark.sim
+def test_robosuite_position_only_arm_lifts_with_the_expert_and_keeps_the_hand_orientation():
+    """env.arm_controller=OSC_POSITION: a 4-D action (position delta, gripper); the Lift expert's
+    action maps onto it and still lifts the cube, and the hand never turns."""
+    pytest.importorskip("robosuite", reason="robosuite not installed (pip install --no-deps robosuite==1.5.2)")
+    from rlvla3.envs.robosuite_env import RobosuiteEnv
+
+    cfg = compose(["env.arm_controller=OSC_POSITION"])
+    assert spec(cfg).action_dim == 4
+    env = RobosuiteEnv(cfg.env)
+    try:
+        obs = env.reset(seed=3)
+        quat0 = obs.proprio[3:7].copy()
+        for t in range(80):
+            action = env.expert_action()
+            assert action.shape == (4,)
+            obs, _, success, _, _ = env.step(action)
+            if success:
+                break
+        assert success, "the Lift expert did not lift the cube in 80 steps with the position-only arm"
+        assert abs(abs(float(quat0 @ obs.proprio[3:7])) - 1) < 1e-3, "the hand turned"
+    finally:
+        env.close()
+
+
+def test_position_only_arm_is_refused_where_it_does_not_apply():
+    from rlvla3.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="only env.name=robosuite"):
+        validate(compose(["env=metaworld_pickplace", "env.arm_controller=OSC_POSITION"]))
+    with pytest.raises(ConfigError, match="OSC_POSE or OSC_POSITION"):
+        validate(compose(["env.arm_controller=JOINT_VELOCITY"]))

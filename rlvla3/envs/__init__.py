@@ -39,8 +39,8 @@ def spec(cfg) -> EnvSpec:
         from .toy import PROPRIO_DIM, ACTION_DIM
         cams, prop, act = 1, PROPRIO_DIM, ACTION_DIM
     elif e.name == "robosuite":
-        from .robosuite_env import PROPRIO_DIM, ACTION_DIM
-        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
+        from .robosuite_env import PROPRIO_DIM, ACTION_DIMS
+        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIMS[e.arm_controller]
     elif e.name == "robocasa":
         from .robocasa_env import PROPRIO_DIM, ACTION_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM

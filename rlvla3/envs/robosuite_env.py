@@ -4,8 +4,10 @@ Headless GL: MUJOCO_GL=egl (Mesa software EGL, the default here) or MUJOCO_GL=os
 libosmesa6; PYOPENGL_PLATFORM=osmesa is set for you). Same speed on CPU.
 
 Observation: one RGB image per camera (top-down rows, "opencv" convention) and proprio
-(end-effector position 3, quaternion 4, gripper joint positions 2). Action: 7-D in [-1, 1],
-OSC_POSE end-effector delta (position 3, axis-angle 3) + gripper (-1 open, +1 close).
+(end-effector position 3, quaternion 4, gripper joint positions 2). Action in [-1, 1], by
+env.arm_controller: OSC_POSE, 7-D end-effector delta (position 3, axis-angle 3) + gripper (-1
+open, +1 close); OSC_POSITION, 4-D position delta 3 + gripper, the hand keeping its reset
+orientation (fewer action dims for tasks that never turn the hand: Lift, Stack, PickPlaceCan).
 Soft resets (hard_reset=False: ~20 ms instead of ~1 s, flat memory). Fast render: MSAA and
 reflections off on the offscreen context (~3x faster, same-looking images).
 Success = env._check_success() after each step; reward 1 on success, which ends the episode.
@@ -19,7 +21,8 @@ import numpy as np
 from .base import Obs, child_env_vars
 
 PROPRIO_DIM = 9
-ACTION_DIM = 7
+ACTION_DIMS = {"OSC_POSE": 7, "OSC_POSITION": 4}
+POSITION_AND_GRIPPER = [0, 1, 2, 6]   # the OSC_POSITION entries of an OSC_POSE action
 INSTRUCTIONS = {"Lift": "lift the cube", "Stack": "stack the red cube on the green cube",
                 "Door": "open the door", "PickPlaceCan": "put the can in its bin"}
 
@@ -33,7 +36,7 @@ def make_robosuite(cfg_env):
 
     macros.IMAGE_CONVENTION = "opencv"
     return robosuite.make(
-        cfg_env.task, robots=cfg_env.robot, has_renderer=False, has_offscreen_renderer=True,
+        cfg_env.task, **controller_kwargs(cfg_env), robots=cfg_env.robot, has_renderer=False, has_offscreen_renderer=True,
         use_camera_obs=True, camera_names=list(cfg_env.cameras), camera_heights=cfg_env.image_size,
         camera_widths=cfg_env.image_size, control_freq=cfg_env.control_freq, horizon=10**9,
         hard_reset=False, reward_shaping=False, ignore_done=True,
@@ -41,6 +44,21 @@ def make_robosuite(cfg_env):
         # makes it the same in every env process, so one reset seed is one state in any env (a
         # grpo group); reset(seed) re-seeds env.rng for the per-episode draws.
         seed=0)
+
+
+def controller_kwargs(cfg_env) -> dict:
+    """robosuite's own controller config with the arm part swapped for env.arm_controller (the
+    default OSC_POSE keeps robosuite's default config untouched)."""
+    if getattr(cfg_env, "arm_controller", "OSC_POSE") == "OSC_POSE":
+        return {}
+    from robosuite.controllers import load_composite_controller_config, load_part_controller_config
+
+    config = load_composite_controller_config(controller="BASIC", robot=cfg_env.robot)
+    arm = load_part_controller_config(default_controller=cfg_env.arm_controller)
+    for name, part in config["body_parts"].items():
+        if part["type"] == "OSC_POSE":   # an arm: keep its gripper, change how the arm moves
+            config["body_parts"][name] = {**arm, "gripper": part.get("gripper", {"type": "GRIP"})}
+    return {"controller_configs": config}
 
 
 def seed_robosuite(env, seed: int) -> None:
@@ -99,7 +117,13 @@ class RobosuiteEnv:
         if self.expert is None:
             raise NotImplementedError(f"robosuite task {self.c.task!r} has no scripted expert yet "
                                       f"(experts exist for {sorted(__import__('rlvla3.envs.experts', fromlist=['EXPERTS']).EXPERTS)})")
-        return self.expert.act(self.raw).astype(np.float32)
+        action = self.expert.act(self.raw).astype(np.float32)
+        if self.c.arm_controller == "OSC_POSITION":
+            if np.abs(action[3:6]).max() > 1e-6:
+                raise ValueError(f"the {self.c.task} expert turns the hand (rotation {action[3:6]}), which "
+                                 "env.arm_controller=OSC_POSITION cannot do: use env.arm_controller=OSC_POSE")
+            action = action[POSITION_AND_GRIPPER]
+        return action
 
     def _obs(self, raw: dict) -> Obs:
         self.raw = raw
