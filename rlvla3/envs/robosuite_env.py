@@ -53,7 +53,7 @@ def controller_kwargs(cfg_env) -> dict:
         return {}
     from robosuite.controllers import load_composite_controller_config, load_part_controller_config
 
-    config = load_composite_controller_config(controller="BASIC", robot=cfg_env.robot)
+    config = load_composite_controller_config(robot=cfg_env.robot)   # the robot's own default
     arm = load_part_controller_config(default_controller=cfg_env.arm_controller)
     for name, part in config["body_parts"].items():
         if part["type"] == "OSC_POSE":   # an arm: keep its gripper, change how the arm moves
