@@ -9,7 +9,9 @@ stop") keeps short, successful episodes from being over-counted. Seeds: episode 
 Actions are sampled from the policy, as in training.
 
 Prints successes / episodes with a 95% Wilson score interval and writes `eval.json` in the run
-folder.
+folder. `--average-last N` evaluates the mean weights of the N checkpoints of the run that end
+at CKPT (a run whose consecutive versions differ a lot is better judged by their average than by
+whichever version came last).
 """
 from __future__ import annotations
 
@@ -41,6 +43,24 @@ def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
                      "max_versions": math.ceil(episodes / cfg.env.num_envs)}}
 
 
+def average_checkpoints(last: Path, n: int, out: Path) -> Path:
+    """Write to `out` a checkpoint whose model weights are the mean of the `n` checkpoints of
+    `last`'s folder up to and including `last` (a run's ckpt/v*.pt, in version order)."""
+    import torch
+
+    run = sorted(last.parent.glob("v*.pt"))
+    if last.resolve() not in [p.resolve() for p in run]:
+        raise SystemExit(f"--average-last needs a run checkpoint (ckpt/v*.pt); {last} is not one")
+    chosen = run[:run.index(next(p for p in run if p.resolve() == last.resolve())) + 1][-n:]
+    if len(chosen) < n:
+        raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name}")
+    models = [torch.load(p, map_location="cpu", weights_only=True)["model"] for p in chosen]
+    mean = {k: torch.stack([m[k].double() for m in models]).mean(0).to(models[0][k].dtype) for k in models[0]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": mean, "averaged": [p.name for p in chosen]}, out)
+    return out
+
+
 def count(run_dir: Path, versions: int) -> tuple[int, int]:
     """(successes, episodes) over the shards of the first `versions` rollout steps: every env of
     every such segment ran exactly one episode."""
@@ -64,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (run ckpt/ or rlvla3.sft output)")
     ap.add_argument("--episodes", type=int, default=200, help="episodes (rounded up to whole rounds of env.num_envs)")
     ap.add_argument("--seed", type=int, default=1_000_003, help="episode seeds derive from this (held out from training)")
+    ap.add_argument("--average-last", type=int, default=1,
+                    help="evaluate the mean weights of the last N run checkpoints ending at --checkpoint")
     ap.add_argument("--out", default="", help="run folder (default runs/eval/<date>-<time>)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds for the whole run")
     ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
@@ -75,15 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
     if not Path(a.checkpoint).is_file():
         raise SystemExit(f"--checkpoint {a.checkpoint}: no such file")
-    cfg = compose(a.overrides)
-    cfg = config.replace(cfg, seed=a.seed, **eval_overrides(cfg, str(Path(a.checkpoint).resolve()), a.episodes))
+    if a.average_last < 1:
+        raise SystemExit(f"--average-last={a.average_last}: must be >= 1")
     run_dir = Path(a.out or f"runs/eval/{datetime.now():%Y-%m-%d-%H-%M-%S}")
+    ckpt = Path(a.checkpoint)
+    if a.average_last > 1:
+        ckpt = average_checkpoints(ckpt, a.average_last, run_dir.with_name(run_dir.name + "-averaged.pt"))
+    cfg = compose(a.overrides)
+    cfg = config.replace(cfg, seed=a.seed, **eval_overrides(cfg, str(ckpt.resolve()), a.episodes))
     proc = run_local(cfg, run_dir, timeout=a.timeout)
     if proc.returncode != 0:
         return proc.returncode
     succ, eps = count(run_dir, cfg.algo.max_versions)
     lo, hi = wilson(succ, eps)
-    result = {"checkpoint": a.checkpoint, "episodes": eps, "successes": succ, "success_rate": succ / max(eps, 1),
+    result = {"checkpoint": a.checkpoint, "average_last": a.average_last, "episodes": eps, "successes": succ, "success_rate": succ / max(eps, 1),
               "wilson95": [lo, hi], "seed": a.seed}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
     print(f"success {succ}/{eps} = {succ / max(eps, 1):.3f}  (95% Wilson interval {lo:.3f}-{hi:.3f})  {run_dir}")

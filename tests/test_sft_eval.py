@@ -113,3 +113,20 @@ def test_recipe_runs_every_stage_and_writes_its_numbers(tmp_path):
         assert x["eval"]["episodes"] == 16 and 0 <= x["eval"]["success_rate"] <= 1
     assert r["sft_eval"]["episodes"] == 16
     assert "RL async" in out.stdout and "SFT" in out.stdout
+
+
+def test_average_last_checkpoints_is_the_mean_of_the_run_versions_ending_there(tmp_path):
+    import torch
+
+    from rlvla3.evaluate import average_checkpoints
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for v in range(1, 5):   # version v holds weights v
+        torch.save({"model": {"w": torch.full((2, 3), float(v)), "step": torch.tensor(v)}}, ckpt / f"v{v:06d}.pt")
+    out = average_checkpoints(ckpt / "v000003.pt", 2, tmp_path / "avg.pt")
+    avg = torch.load(out, weights_only=True)
+    assert torch.equal(avg["model"]["w"], torch.full((2, 3), 2.5))     # versions 2 and 3, not 4
+    assert avg["model"]["step"].dtype == torch.int64 and avg["averaged"] == ["v000002.pt", "v000003.pt"]
+    with pytest.raises(SystemExit, match="holds only 3 checkpoints up to v000003.pt"):
+        average_checkpoints(ckpt / "v000003.pt", 4, tmp_path / "avg.pt")
