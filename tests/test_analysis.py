@@ -43,7 +43,7 @@ def test_timeline_batches_and_staleness_of_an_async_run(tmp_path):
 def test_online_batching_window_is_tuned_logged_and_plotted(tmp_path):
     from tests.test_emulated import EMULATED
 
-    proc, run = run_engine(tmp_path, [*EMULATED, "generator.adapt_batch=8", "generator.t_max_ms=50"], name="adapt")
+    proc, run = run_engine(tmp_path, [*EMULATED, "generator.adapt_batch=8", "generator.t_max_ms=200"], name="adapt")
     assert_ok(proc)
     out = subprocess.run([sys.executable, "-m", "analysis.timeline", str(run)], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
@@ -52,9 +52,10 @@ def test_online_batching_window_is_tuned_logged_and_plotted(tmp_path):
     windows = rows(run / "window.csv")
     assert {w["rank"] for w in windows} == {"2", "3"}  # both Generator ranks tuned
     # Each Generator serves 4 envs (groups of 2), so a batch of 8 can never fill: the target is
-    # capped at 4 and the window settles near one group step, far below the 50 ms cap.
+    # capped at 4 and the window settles near one group step, far below the 200 ms cap (a
+    # 50 ms cap was within reach of a group step on a loaded 2-core machine).
     for w in windows:
         wanted = float(w["t_max_ms"])
-        assert 0 < wanted <= 50
+        assert 0 < wanted <= 200
     last = [float(w["t_max_ms"]) for w in windows][-1]
-    assert last < 50, f"the window never left the cap: {windows[-5:]}"
+    assert last < 100, f"the window never came down near one group step: {windows[-5:]}"
