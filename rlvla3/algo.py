@@ -91,6 +91,16 @@ def grpo_advantages(returns: np.ndarray, eps: float = 1e-6) -> np.ndarray:
     return ((r - r.mean()) / (std + eps)).astype(np.float32)
 
 
+def lr_at(lr: float, step: int, warmup: int, total: int, decay: bool) -> float:
+    """Learning rate of optimizer step `step` (1-based) of `total`: a linear ramp over the first
+    `warmup` steps (lr * step / warmup), then lr, or with `decay` a linear decay that reaches 0
+    after step `total` (lr * (total - step + 1) / total: the last step still moves)."""
+    scale = min(1.0, step / warmup) if warmup > 0 else 1.0
+    if decay:
+        scale *= max(0.0, (total - step + 1) / total)
+    return lr * scale
+
+
 def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """Per-sample estimate of KL(pi || pi_ref) from log-probs of a sample: e^x - x - 1 with
     x = log pi_ref - log pi (unbiased for samples from pi, always >= 0, low variance)."""

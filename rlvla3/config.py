@@ -155,6 +155,12 @@ class AlgoConfig:
     vtrace: V-trace advantages and value targets (IMPALA) under the clipped PPO objective."""
     lr: float = 3e-4
     """Adam learning rate."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps over which the learning rate ramps up linearly to lr (Adam's first steps
+    move every weight by about lr whatever its gradient: a warm-started policy jumps without it)."""
+    lr_decay: bool = False
+    """Decay the learning rate linearly to 0 at the last optimizer step of algo.max_versions, so
+    that the run's last versions differ little and its final checkpoint is not a noisy draw."""
     gamma: float = 0.99
     """Discount."""
     gae_lambda: float = 0.95
@@ -514,6 +520,7 @@ def validate(cfg: RunConfig) -> None:
              f"must be in 1..algo.global_batch={a.global_batch}")
     _require(a.update_epochs >= 1, "algo.update_epochs", a.update_epochs, "must be >= 1")
     _require(a.max_versions >= 1, "algo.max_versions", a.max_versions, "must be >= 1")
+    _require(a.lr_warmup_steps >= 0, "algo.lr_warmup_steps", a.lr_warmup_steps, "must be >= 0 (0: no warm-up)")
     _require(0 < a.gamma <= 1 and 0 <= a.gae_lambda <= 1, "algo.gamma", a.gamma, "gamma in (0,1], gae_lambda in [0,1]")
     _require(a.behaviour_clip >= 1, "algo.behaviour_clip", a.behaviour_clip, "must be >= 1")
     _require(m.eta >= 0, "mode.eta", m.eta, "must be >= 0")

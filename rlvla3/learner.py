@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from . import shards
-from .algo import decoupled_ppo_loss, gae, grpo_advantages, vtrace
+from .algo import decoupled_ppo_loss, gae, grpo_advantages, lr_at, vtrace
+from .config import derive
 from .policies import make_policy
 from .policies.base import flat_params, pick_device
 from .protocol import Slice, Tag
@@ -245,7 +246,8 @@ class TorchLearner:
         self.prox = self._snapshot()
 
     # ------------------------------------------------------------ one optimizer step
-    def train(self, slices: tuple[Slice, ...], version: int) -> np.ndarray:
+    def train(self, slices: tuple[Slice, ...], version: int, opt_step: int = 1) -> np.ndarray:
+        """One optimizer step (number `opt_step`, 1-based, of the whole run) over `slices`."""
         self.version = version
         self._full_cache = None   # the weights are about to change
         if self.cfg.runtime.evaluate:   # rows are counted, the weights never change
@@ -272,8 +274,18 @@ class TorchLearner:
                 p.grad.div_(float(total[0]))
             if self.cfg.algo.max_grad_norm > 0:
                 self._clip_grads(self.cfg.algo.max_grad_norm)
+            self._set_lr(opt_step)
             self.opt.step()
         return total.numpy()
+
+    def _set_lr(self, opt_step: int) -> None:
+        a = self.cfg.algo
+        if a.lr_warmup_steps == 0 and not a.lr_decay:
+            return   # constant: the optimizer keeps the lr it was built with
+        total = a.max_versions * derive(self.cfg).opt_steps_per_version
+        lr = lr_at(a.lr, opt_step, a.lr_warmup_steps, total, a.lr_decay)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
 
     def _normalize_adv(self, batch: dict[str, torch.Tensor] | None) -> None:
         """A <- (A - mean) / std over the whole global batch (PPO's usual normalisation; it keeps

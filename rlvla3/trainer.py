@@ -189,7 +189,7 @@ class Trainer:
     # ------------------------------------------------------------ training
     def _execute(self, plan: Plan) -> None:
         t0 = time.time()
-        total = self.learner.train(plan.slices, self.version)
+        total = self.learner.train(plan.slices, self.version, plan.opt_step)
         self.opt_step = plan.opt_step
         self._account(plan, total)
         mine = sum(s.stop - s.start for s in plan.slices if s.owner == self.learner.dp_index)

@@ -206,3 +206,14 @@ def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
     np.testing.assert_allclose(per_episode, grpo_advantages(success.any(0).astype(np.float32)) * np.mean(lengths),
                                rtol=1e-5)
     assert abs(adv.sum()) < 1e-4 and not adv[~valid].any()
+
+
+def test_lr_warms_up_then_decays_linearly_to_zero_at_the_last_step():
+    from rlvla3.algo import lr_at
+
+    assert [lr_at(1.0, s, 4, 10, False) for s in (1, 2, 4, 5, 10)] == [0.25, 0.5, 1.0, 1.0, 1.0]
+    decayed = [lr_at(1.0, s, 0, 10, True) for s in range(1, 11)]
+    assert decayed[0] == 1.0 and abs(decayed[-1] - 0.1) < 1e-12            # the last step still moves
+    assert all(a > b for a, b in zip(decayed, decayed[1:]))
+    assert lr_at(1.0, 2, 4, 10, True) == 0.5 * 0.9                          # both at once
+    assert lr_at(2e-4, 7, 0, 10, False) == 2e-4                             # constant by default

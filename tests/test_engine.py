@@ -49,6 +49,21 @@ def test_colocated_sync_and_eta0_barrier(tmp_path):
         assert (v == step).all(), f"eta=0: {n} has versions {np.unique(v)}, expected only {step}"
 
 
+def test_lr_warmup_and_decay_reach_the_optimizer(tmp_path):
+    from rlvla3.algo import lr_at
+    from rlvla3.config import derive
+
+    overrides = [*TOY, "algo.lr_warmup_steps=3", "algo.lr_decay=true"]
+    proc, run = run_engine(tmp_path, overrides)
+    assert_ok(proc)
+    ckpt = final_checkpoint(run)
+    cfg = compose(overrides)
+    total = cfg.algo.max_versions * derive(cfg).opt_steps_per_version
+    assert ckpt["opt_step"] == total
+    lr = ckpt["optimizer"]["param_groups"][0]["lr"]
+    assert lr == pytest.approx(lr_at(cfg.algo.lr, total, 3, total, True)) and lr < cfg.algo.lr / 2
+
+
 def test_two_trainers_agree_and_match_one(tmp_path):
     """Sync mode is deterministic (per-request sampling noise, seeded envs, lockstep), so the
     1- and 2-Trainer runs see the same data; their parameters must match, and the 2 data-parallel

@@ -76,7 +76,7 @@ class EmulatedLearner:
     def new_version(self) -> None:
         pass
 
-    def train(self, slices, version: int) -> np.ndarray:
+    def train(self, slices, version: int, opt_step: int = 1) -> np.ndarray:
         from ..trainer import LOSS_KEYS
 
         per_owner = Counter()
