@@ -44,14 +44,19 @@ def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
 
 
 def average_checkpoints(last: Path, n: int, out: Path) -> Path:
-    """Write to `out` a checkpoint whose model weights are the mean of the `n` checkpoints of
-    `last`'s folder up to and including `last` (a run's ckpt/v*.pt, in version order)."""
+    """Write to `out` a checkpoint whose model weights are the mean of the `n` version-end
+    checkpoints of `last`'s folder up to and including `last` (a run's ckpt/v*.pt; a preemption's
+    mid-version checkpoint, v*-s*.pt, is not a version of its own)."""
     import torch
 
-    run = sorted(last.parent.glob("v*.pt"))
-    if last.resolve() not in [p.resolve() for p in run]:
-        raise SystemExit(f"--average-last needs a run checkpoint (ckpt/v*.pt); {last} is not one")
-    chosen = run[:run.index(next(p for p in run if p.resolve() == last.resolve())) + 1][-n:]
+    from .trainer import ckpt_order
+
+    version, mid = ckpt_order(last)
+    if version < 0 or mid:
+        raise SystemExit(f"--average-last needs a run's version-end checkpoint (ckpt/vNNNNNN.pt); {last} is not one")
+    run = sorted((p for p in last.parent.glob("v*.pt") if ckpt_order(p)[1] == 0 and 0 <= ckpt_order(p)[0] <= version),
+                 key=ckpt_order)
+    chosen = run[-n:]
     if len(chosen) < n:
         raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name}")
     models = [torch.load(p, map_location="cpu", weights_only=True)["model"] for p in chosen]

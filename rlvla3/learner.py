@@ -145,6 +145,7 @@ class TorchLearner:
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
         self.version = 0   # the version being trained (set by each `train`)
+        self.total_opt_steps = cfg.algo.max_versions * derive(cfg).opt_steps_per_version   # the lr schedule's length
         self.prox = self.ref = None
         self.lm_config, self.tp_rank = None, 0   # Megatron: set when connect() swaps the LM in
         self._full_cache = None                  # Megatron: the gathered state until the next step
@@ -282,8 +283,7 @@ class TorchLearner:
         a = self.cfg.algo
         if a.lr_warmup_steps == 0 and not a.lr_decay:
             return   # constant: the optimizer keeps the lr it was built with
-        total = a.max_versions * derive(self.cfg).opt_steps_per_version
-        lr = lr_at(a.lr, opt_step, a.lr_warmup_steps, total, a.lr_decay)
+        lr = lr_at(a.lr, opt_step, a.lr_warmup_steps, self.total_opt_steps, a.lr_decay)
         for group in self.opt.param_groups:
             group["lr"] = lr
 

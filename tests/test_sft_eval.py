@@ -124,6 +124,7 @@ def test_average_last_checkpoints_is_the_mean_of_the_run_versions_ending_there(t
     ckpt.mkdir()
     for v in range(1, 5):   # version v holds weights v
         torch.save({"model": {"w": torch.full((2, 3), float(v)), "step": torch.tensor(v)}}, ckpt / f"v{v:06d}.pt")
+    torch.save({"model": {"w": torch.full((2, 3), 9.0), "step": torch.tensor(9)}}, ckpt / "v000003-s0001.pt")   # preempted mid-version
     out = average_checkpoints(ckpt / "v000003.pt", 2, tmp_path / "avg.pt")
     avg = torch.load(out, weights_only=True)
     assert torch.equal(avg["model"]["w"], torch.full((2, 3), 2.5))     # versions 2 and 3, not 4

@@ -49,7 +49,7 @@ def make_robosuite(cfg_env):
 def controller_kwargs(cfg_env) -> dict:
     """robosuite's own controller config with the arm part swapped for env.arm_controller (the
     default OSC_POSE keeps robosuite's default config untouched)."""
-    if getattr(cfg_env, "arm_controller", "OSC_POSE") == "OSC_POSE":
+    if cfg_env.arm_controller == "OSC_POSE":
         return {}
     from robosuite.controllers import load_composite_controller_config, load_part_controller_config
 
