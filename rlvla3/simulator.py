@@ -14,8 +14,8 @@ serves it only once the Trainer has granted credits up to that step (bounded sta
 With `mode.env_level` off, the groups of a rank advance in lockstep (the sync baseline).
 
 Episodic mode (grpo and evaluation, `config.episodic`): a segment holds whole episodes. At each
-segment start the group resets all its envs (grpo: with one shared seed, so one GRPO group = one
-initial state); an env whose episode ended records invalid rows until the segment ends; no
+segment start the group resets all its envs (grpo training: with one shared seed, so one GRPO
+group = one initial state; evaluation: each env from its own seeds); an env whose episode ended records invalid rows until the segment ends; no
 bootstrap value is needed. Once all of a group's episodes have ended, the rest of the segment
 is padded with invalid rows at once (env_level only: lockstep groups take every step together).
 """
@@ -133,9 +133,12 @@ class GroupLoop:
         return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
 
     def _start_reset(self) -> None:
-        """grpo: every env of the group from one shared seed; else each env's own seeds."""
+        """grpo training: every env of the group from one shared seed; else (evaluation too) each
+        env's own seeds, so N evaluation episodes are N distinct initial states, as the Wilson
+        interval assumes."""
         self.alive[:] = True
-        shared = self.episodic and self.sim.cfg.algo.name == "grpo"
+        cfg = self.sim.cfg
+        shared = self.episodic and cfg.algo.name == "grpo" and not cfg.runtime.evaluate
         self.env.start_reset(group_seed(self.sim.cfg, self.g.gid, self.seq) if shared else None)
 
     def _send_request(self, kind: Kind) -> None:

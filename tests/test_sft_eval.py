@@ -131,3 +131,29 @@ def test_average_last_checkpoints_is_the_mean_of_the_run_versions_ending_there(t
     assert avg["model"]["step"].dtype == torch.int64 and avg["averaged"] == ["v000002.pt", "v000003.pt"]
     with pytest.raises(SystemExit, match="holds only 3 checkpoints up to v000003.pt"):
         average_checkpoints(ckpt / "v000003.pt", 4, tmp_path / "avg.pt")
+
+
+@needs_mpi
+def test_evaluation_of_a_grpo_run_starts_every_episode_from_its_own_state(tmp_path):
+    """GRPO training resets a group's envs from one shared seed; an evaluation must not, or its N
+    episodes would be N / group_size initial states and the Wilson interval would be too narrow."""
+    import numpy as np
+    import torch
+
+    from rlvla3 import shards
+    from rlvla3.envs import spec
+    from rlvla3.launch import compose
+    from rlvla3.policies import make_policy
+
+    cfg = compose(["+experiment=toy_grpo"])
+    torch.save({"model": make_policy(cfg, spec(cfg)).state_dict()}, tmp_path / "init.pt")
+    run("rlvla3.evaluate", "--checkpoint", str(tmp_path / "init.pt"), "--episodes", "32", "--out", str(tmp_path / "eval"),
+        "+experiment=toy_grpo", "runtime.tensorboard=false", timeout=300)
+    # 32 episodes = 2 rounds of env.num_envs=16; the engine may have run a round ahead.
+    names = [n for n in shards.scan(tmp_path / "eval" / "shards") if shards.parse_name(n)[0] < 2]
+    firsts = [shards.read_shard(tmp_path / "eval" / "shards" / n)[0] for n in names]
+    starts = np.concatenate([a["images"][0].reshape(a["images"].shape[1], -1) for a in firsts])
+    assert len(starts) == 32
+    distinct = len({s.tobytes() for s in starts})
+    # Group size 4: shared seeds would give at most 8 distinct first observations.
+    assert distinct > 24, f"only {distinct} distinct initial observations in 32 evaluation episodes"
