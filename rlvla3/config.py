@@ -417,8 +417,15 @@ def assign_generators(sizes: list[int], n_gen: int) -> list[int]:
 
 def episodic(cfg: RunConfig) -> bool:
     """Whole episodes per segment (grpo, evaluation): every env of a group resets at each segment
-    start (grpo: all from one shared seed), and an env whose episode ended waits for that reset."""
+    start (`shared_reset`: all from one seed), and an env whose episode ended waits for that reset."""
     return cfg.algo.name == "grpo" or cfg.runtime.evaluate
+
+
+def shared_reset(cfg: RunConfig) -> bool:
+    """grpo training: a group's envs reset from one seed (`group_seed`), so a GRPO group is one
+    initial state. Never in evaluation: there each env resets from its own seeds, so N episodes
+    are N distinct initial states, as the Wilson interval assumes."""
+    return cfg.algo.name == "grpo" and not cfg.runtime.evaluate
 
 
 def group_seed(cfg: RunConfig, gid: int, seq: int) -> int:

@@ -15,9 +15,10 @@ With `mode.env_level` off, the groups of a rank advance in lockstep (the sync ba
 
 Episodic mode (grpo and evaluation, `config.episodic`): a segment holds whole episodes. At each
 segment start the group resets all its envs (grpo training: with one shared seed, so one GRPO
-group = one initial state; evaluation: each env from its own seeds); an env whose episode ended records invalid rows until the segment ends; no
-bootstrap value is needed. Once all of a group's episodes have ended, the rest of the segment
-is padded with invalid rows at once (env_level only: lockstep groups take every step together).
+group = one initial state; evaluation: each env from its own seeds); an env whose episode ended
+records invalid rows until the segment ends; no bootstrap value is needed. Once all of a group's
+episodes have ended, the rest of the segment is padded with invalid rows at once (env_level only:
+lockstep groups take every step together).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from . import shards
-from .config import Derived, Group, RunConfig, episodic, group_seed
+from .config import Derived, Group, RunConfig, episodic, group_seed, shared_reset
 from .envs import make_vec_env, spec
 from .envs.base import GroupStep
 from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec
@@ -133,12 +134,9 @@ class GroupLoop:
         return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
 
     def _start_reset(self) -> None:
-        """grpo training: every env of the group from one shared seed; else (evaluation too) each
-        env's own seeds, so N evaluation episodes are N distinct initial states, as the Wilson
-        interval assumes."""
+        """`config.shared_reset`: every env of the group from one seed; else each env's own seeds."""
         self.alive[:] = True
-        cfg = self.sim.cfg
-        shared = self.episodic and cfg.algo.name == "grpo" and not cfg.runtime.evaluate
+        shared = shared_reset(self.sim.cfg)
         self.env.start_reset(group_seed(self.sim.cfg, self.g.gid, self.seq) if shared else None)
 
     def _send_request(self, kind: Kind) -> None:
