@@ -54,6 +54,13 @@ def test_every_config_file_composes_and_validates(choice):
     derive(compose([PAIRED.get(choice, choice)]))
 
 
+@pytest.mark.parametrize("name", [p.stem for p in sorted((CONF_DIR / "experiment").glob("*.yaml"))])
+def test_every_experiment_composes_and_validates(name):
+    # An experiment is a recipe users run as-is (README): a batch size that no longer divides
+    # its segments must fail here, not minutes into a run.
+    derive(compose([f"+experiment={name}"]))
+
+
 def test_defaults_are_the_robosuite_lift_run():
     cfg = compose([])
     assert (cfg.env.name, cfg.env.task, cfg.env.robot, cfg.mode.name, cfg.cluster.name) == (
