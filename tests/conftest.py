@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3.launch import compose, run_local
+from rlvla3.cluster.compose import compose
+from rlvla3.cluster.local import run_local
 
 needs_mpi = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not installed (apt-get install openmpi-bin)")
 
@@ -25,11 +26,11 @@ def final_checkpoint(run_dir: Path) -> dict:
     """The latest checkpoint (version ends and mid-version preemption points, in order), in
     either learner's format (torch, or the emulated learner's npz)."""
     from rlvla3 import config
-    from rlvla3.trainer import ckpt_order
+    from rlvla3.engine.checkpoints import ckpt_order
 
     path = sorted((run_dir / "ckpt").glob("v*.pt"), key=ckpt_order)[-1]
     if config.load(run_dir).policy.name == "emulated":
-        from rlvla3.policies.emulated import EmulatedLearner
+        from rlvla3.engine.learners import EmulatedLearner
         return EmulatedLearner.load(path)
     import torch
 
@@ -39,7 +40,7 @@ def final_checkpoint(run_dir: Path) -> dict:
 def check_every_shard_consumed_once(run_dir: Path, versions: int, rollout_batch: int) -> None:
     """Every committed row of every trained step entered training exactly once: none lost, none
     twice, and rows trained = versions x rollout_batch = the ledger's sum."""
-    from rlvla3 import shards
+    from rlvla3.engine import shards
 
     state = final_checkpoint(run_dir)
     ledger = state["ledger"]["rows"]

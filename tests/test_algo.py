@@ -191,7 +191,7 @@ def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
     """GRPO's 1/|o_i|: a short success and long failures of one group move the policy by equal
     and opposite amounts (summed over rows, the failures' horizon-long episodes outweighed it)."""
     from rlvla3.algo import grpo_advantages
-    from rlvla3.learner import grpo_segment
+    from rlvla3.engine.torch_learner import grpo_segment
 
     T, N = 10, 4
     valid = np.zeros((T, N), bool)

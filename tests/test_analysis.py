@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3 import shards
+from rlvla3.engine import shards
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine
 
 pytestmark = [needs_mpi, pytest.mark.slow]

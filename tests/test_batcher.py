@@ -1,12 +1,12 @@
 """Dynamic batcher semantics: B_max counts samples; the clock starts at the first arrival."""
 import pytest
 
-from rlvla3.batcher import DynamicBatcher, WindowTuner
-from rlvla3.generator import Request
+from rlvla3.engine.batcher import DynamicBatcher, WindowTuner
+from rlvla3.engine.generator import Request
 
 
 def req(gid, n, t):
-    return Request(gid=gid, n=n, arrived=t, seq=0, step=0, kind=0, obs={})
+    return Request(gid=gid, n=n, arrived=t, request_id=0, step=0, kind=0, obs={})
 
 
 def test_closes_at_b_max_samples_not_requests():

@@ -1,8 +1,9 @@
 """Bad config fails early with the field named; every shipped config composes and validates."""
 import pytest
 
-from rlvla3.config import ConfigError, derive, sharding_plan
-from rlvla3.launch import CONF_DIR, compose
+from rlvla3.config import ConfigError
+from rlvla3.world import derive, sharding_plan
+from rlvla3.cluster.compose import CONF_DIR, compose
 
 
 @pytest.mark.parametrize("override, field", [
@@ -38,7 +39,7 @@ def test_sharding_strategies_build_valid_uneven_plans():
                    "algo.rollout_batch=112", "algo.global_batch=56", "algo.micro_batch=56"])
     assert sharding_plan(cfg) == [[2, 2], [2, 1]]
     d = derive(cfg)
-    assert [g.size for g in d.groups] == [2, 2, 2, 1] and d.world_size == 4
+    assert [g.size for g in d.groups] == [2, 2, 2, 1] and d.size == 4
     cfg = compose(["+experiment=toy", "env.num_envs=8", "sharding.plan=[[3,1,4]]"])
     assert [g.size for g in derive(cfg).groups] == [3, 1, 4]
 

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from rlvla3.launch import mpi_env, mpiexec_command
-from rlvla3.metrics import read_summaries
+from rlvla3.cluster.local import mpi_env, mpiexec_command
+from rlvla3.engine.metrics import read_summaries
 from tests.conftest import assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
 from tests.test_engine import _resume_cfg
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3 import shards
-from rlvla3.launch import compose, mpi_env, mpiexec_command, prepare_run_dir
-from rlvla3.metrics import read_summaries
+from rlvla3.engine import shards
+from rlvla3.cluster.compose import compose, prepare_run_dir
+from rlvla3.cluster.local import mpi_env, mpiexec_command
+from rlvla3.engine.metrics import read_summaries
 from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
@@ -51,7 +52,7 @@ def test_colocated_sync_and_eta0_barrier(tmp_path):
 
 def test_lr_warmup_and_decay_reach_the_optimizer(tmp_path):
     from rlvla3.algo import lr_at
-    from rlvla3.config import derive
+    from rlvla3.world import derive
 
     overrides = [*TOY, "algo.lr_warmup_steps=3", "algo.lr_decay=true"]
     proc, run = run_engine(tmp_path, overrides)
@@ -83,7 +84,7 @@ def test_two_trainers_agree_and_match_one(tmp_path):
     # Adam turns float-rounding differences of the all-reduce into small parameter differences;
     # they must be tiny next to how far training moved the parameters.
     from rlvla3 import config
-    from rlvla3.envs import spec
+    from rlvla3.world import spec
     from rlvla3.policies import make_policy
 
     cfg = config.load(r1)
@@ -100,7 +101,7 @@ def test_killed_simulator_rank_fails_the_job_quickly_naming_it(tmp_path):
                    "runtime.liveness_timeout=10"])
     run = tmp_path / "kill"
     cfg, d = prepare_run_dir(cfg, run)
-    proc = subprocess.Popen(mpiexec_command(cfg, d.world_size, run), env=mpi_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(mpiexec_command(cfg, d.size, run), env=mpi_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -136,4 +137,4 @@ def _resume_cfg(run, versions):
     cfg = config.load(run)
     cfg = config.replace(cfg, resume=True, algo={"max_versions": versions})
     cfg, d = prepare_run_dir(cfg, run)
-    return cfg, d.world_size, run
+    return cfg, d.size, run

@@ -6,8 +6,10 @@ import time
 import numpy as np
 import pytest
 
-from rlvla3.envs import make_vec_env, spec, tokenize
-from rlvla3.launch import compose
+from rlvla3.envs import tokenize
+from rlvla3.envs.hosting import make_vec_env
+from rlvla3.world import spec
+from rlvla3.cluster.compose import compose
 
 
 def drive(vec, actions, timeout=60.0):
@@ -31,7 +33,7 @@ def reset(vec, timeout=120.0, seed=None):
 def test_toy_group_shapes_seeds_and_instruction():
     cfg = compose(["+experiment=toy"])
     sp = spec(cfg)
-    a, b = make_vec_env(cfg, [0, 1, 2], seed=5), make_vec_env(cfg, [0, 1, 2], seed=5)
+    a, b = make_vec_env(cfg, [0, 1, 2], seed=5, auto_reset=True), make_vec_env(cfg, [0, 1, 2], seed=5, auto_reset=True)
     oa, ob = reset(a), reset(b)
     assert oa.images.shape == (3, 1, sp.image_size, sp.image_size, 3) and oa.images.dtype == np.uint8
     assert oa.proprio.shape == (3, sp.proprio_dim) and oa.tokens.shape == (3, sp.instruction_len)
@@ -43,7 +45,7 @@ def test_toy_group_shapes_seeds_and_instruction():
 
 def test_toy_episode_truncates_at_horizon_and_autoresets():
     cfg = compose(["+experiment=toy", "env.horizon=3"])
-    g = make_vec_env(cfg, [0], seed=0)
+    g = make_vec_env(cfg, [0], seed=0, auto_reset=True)
     reset(g)
     flags = [drive(g, np.zeros((1, 2), np.float32)) for _ in range(3)]   # standing still never succeeds
     assert [bool(f.truncated[0]) for f in flags] == [False, False, True]
@@ -52,7 +54,7 @@ def test_toy_episode_truncates_at_horizon_and_autoresets():
 
 def test_env_exception_truncates_and_is_counted():
     cfg = compose(["+experiment=toy"])
-    g = make_vec_env(cfg, [0, 1], seed=0)
+    g = make_vec_env(cfg, [0, 1], seed=0, auto_reset=True)
     reset(g)
 
     def boom(action):
@@ -64,7 +66,7 @@ def test_env_exception_truncates_and_is_counted():
 
 def test_emulated_latency_is_waited_without_cpu():
     cfg = compose(["env=emulated", "env.step_ms=50", "env.step_sigma=0.0", "env.num_envs=4"])
-    g = make_vec_env(cfg, [0, 1, 2, 3], seed=0)
+    g = make_vec_env(cfg, [0, 1, 2, 3], seed=0, auto_reset=True)
     reset(g)
     c0, t0 = time.process_time(), time.monotonic()
     drive(g, np.zeros((4, 7), np.float32))
@@ -76,7 +78,7 @@ def seeded_first_frames(overrides: list[str], action_dim: int) -> np.ndarray:
     """Reset two env processes with one seed, step, reset again, and reset with another seed;
     checks that a reset is a function of its seed alone (in any process: grpo groups share one
     initial state) and returns the first frame [H, W, 3]."""
-    g = make_vec_env(compose(["env.num_envs=2", *overrides]), [0, 1], seed=0)
+    g = make_vec_env(compose(["env.num_envs=2", *overrides]), [0, 1], seed=0, auto_reset=True)
     try:
         a = reset(g, seed=7)
         drive(g, np.random.default_rng(0).uniform(-1, 1, (2, action_dim)).astype(np.float32))
@@ -113,7 +115,7 @@ def test_metaworld_resets_are_seeded():
 def test_robosuite_lift_child_process_steps_and_restarts_after_kill():
     pytest.importorskip("robosuite", reason="robosuite not installed (pip install --no-deps robosuite==1.5.2)")
     cfg = compose(["env.num_envs=1", "env.step_timeout=30"])
-    g = make_vec_env(cfg, [0], seed=0)
+    g = make_vec_env(cfg, [0], seed=0, auto_reset=True)
     try:
         first = reset(g)
         assert first.images.shape == (1, 1, 64, 64, 3) and first.images.std() > 5   # a real rendered frame
@@ -207,7 +209,8 @@ def test_robosuite_position_only_arm_lifts_with_the_expert_and_keeps_the_hand_or
 
 
 def test_position_only_arm_is_refused_where_it_does_not_apply():
-    from rlvla3.config import ConfigError, validate
+    from rlvla3.config import ConfigError
+    from rlvla3.world import validate
 
     with pytest.raises(ConfigError, match="only env.name=robosuite"):
         validate(compose(["env=metaworld_pickplace", "env.arm_controller=OSC_POSITION"]))

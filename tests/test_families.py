@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlvla3 import shards
-from rlvla3.metrics import read_records
+from rlvla3.engine import shards
+from rlvla3.engine.metrics import read_records
 from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]

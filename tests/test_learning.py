@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlvla3.envs.toy import ToyEnv
-from rlvla3.launch import compose
+from rlvla3.cluster.compose import compose
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlvla3.launch import mpi_env
+from rlvla3.cluster.local import mpi_env
 from tests.conftest import needs_mpi
 
 pytest.importorskip("megatron.core", reason="megatron-core not installed (pip install megatron-core==0.16.1)")
@@ -16,7 +16,7 @@ pytest.importorskip("transformers", reason="transformers not installed")
 
 
 def run_check(n: int, *args: str) -> dict:
-    cmd = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "-n", str(n), sys.executable, "-m", "rlvla3.megatron_lm", *args]
+    cmd = ["mpiexec", "--allow-run-as-root", "--oversubscribe", "-n", str(n), sys.executable, "-m", "rlvla3.tools.megatron_check", *args]
     out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
@@ -39,7 +39,7 @@ def test_conversion_round_trip_is_exact():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlvla3.megatron_lm import hf_to_mcore, mcore_to_hf
+    from rlvla3.engine.megatron_lm import hf_to_mcore, mcore_to_hf
 
     cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
                       num_key_value_heads=4, vocab_size=64, tie_word_embeddings=False)
@@ -72,8 +72,8 @@ def test_engine_trains_openvla_with_a_megatron_lm_split_over_two_trainers(tmp_pa
     import torch
 
     from rlvla3 import config
-    from rlvla3.envs import spec
-    from rlvla3.metrics import read_records
+    from rlvla3.world import spec
+    from rlvla3.engine.metrics import read_records
     from rlvla3.policies import make_policy
     from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, run_engine
 

@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 import yaml
 
-from rlvla3 import config
 from rlvla3 import planner as P
-from rlvla3.launch import CONF_DIR, compose
-from rlvla3.plan import main as plan_main
-from rlvla3.profiling import profile_from_run
+from rlvla3.world import derive, gpu_ranks
+from rlvla3.cluster.compose import CONF_DIR, compose
+from rlvla3.planner.cli import main as plan_main
+from rlvla3.planner.measure import profile_from_run
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine
 
 LIBERO = CONF_DIR / "profile" / "libero_pi05.yaml"
@@ -129,7 +129,7 @@ def test_sync_orderings_follow_the_model_for_a_trainer_heavy_profile(libero):
 def test_plans_are_valid_and_beat_the_naive_split(libero, gpus):
     heavy = trainer_heavy_profile(libero)
     for prof in (libero, heavy):
-        plan = P.plan(prof, gpus, des_checks=1)
+        plan = P.propose(prof, gpus, des_checks=1)
         lay = plan.best.layout
         assert lay.gpus == gpus and lay.gen_gpus + lay.train_gpus == gpus
         assert gpus <= prof.gpus_per_node or gpus % prof.gpus_per_node == 0
@@ -140,14 +140,14 @@ def test_plans_are_valid_and_beat_the_naive_split(libero, gpus):
             # LIBERO at 8 GPUs is Trainer-bound at 4:4 and every other split is slower: a tie.
             assert plan.best.analytic.steps_per_s > plan.naive.analytic.steps_per_s
         cfg = compose(P.override_strings(P.overrides(prof, lay, f"planned_{gpus}")))
-        d = config.derive(cfg)
-        assert config.gpu_ranks(cfg) == gpus and len(d.gen_ranks) == lay.gen_gpus
+        d = derive(cfg)
+        assert gpu_ranks(cfg) == gpus and len(d.gen_ranks) == lay.gen_gpus
         assert {g.size for g in d.groups} == {lay.group_size}
 
 
 def test_bad_gpu_budget_is_named(libero):
     with pytest.raises(P.PlannerError, match="gpus=12"):
-        P.plan(libero, 12)
+        P.propose(libero, 12)
 
 
 def test_cli_writes_a_cluster_file_that_composes(tmp_path, capsys):
@@ -159,7 +159,7 @@ def test_cli_writes_a_cluster_file_that_composes(tmp_path, capsys):
     assert written.startswith("# @package _global_")
     tree = yaml.safe_load(written)
     assert tree.pop("defaults") == [{"override /hydra/launcher": "rlvla3_slurm"}]
-    config.derive(compose(P.override_strings(tree)))
+    derive(compose(P.override_strings(tree)))
     assert plan_main(["ladder", "--profile", str(LIBERO), "--gpus", "8"]) == 0
     assert "paper[S]" in capsys.readouterr().out
 
@@ -175,7 +175,7 @@ def test_profile_measured_from_a_real_run_feeds_the_planner(tmp_path):
     assert 1 <= prof.episode_steps <= 6  # toy horizon
     P.save_profile(prof, tmp_path / "p.yaml")
     assert P.load_profile(tmp_path / "p.yaml") == prof
-    plan = P.plan(prof, 8, des_checks=1)
+    plan = P.propose(prof, 8, des_checks=1)
     assert plan.best.layout.gpus == 8
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlvla3.config import PolicyConfig
-from rlvla3.envs import EnvSpec
+from rlvla3.world import Spec as EnvSpec
 from rlvla3.policies import sample_layout
 
 pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[vla]')")

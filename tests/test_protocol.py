@@ -7,9 +7,9 @@ import textwrap
 import numpy as np
 
 from rlvla3.config import PolicyConfig
-from rlvla3.envs import EnvSpec
+from rlvla3.world import Spec as EnvSpec
 from rlvla3.policies import sample_layout
-from rlvla3.protocol import Plan, ShardReady, Slice, WeightsHeader, obs_codec
+from rlvla3.engine.protocol import ShardReady, Slice, TrainOrder, WeightsHeader, obs_codec
 from tests.conftest import needs_mpi
 
 SPEC = EnvSpec(cameras=2, image_size=8, proprio_dim=5, action_dim=7, instruction_len=6, vocab=64,
@@ -32,8 +32,8 @@ def test_obs_codec_round_trip_is_exact_and_aligned():
 
 
 def test_control_messages_pickle():
-    msgs = [ShardReady("s000001-g00002-q000003", 2, 3, 1, 64, 0, 1, 2, 1, 1.5, 0, 4),
-            WeightsHeader(3, 4, 1000), Plan(1, 2, (Slice("x", 0, 5, 1),), end_of_version=True)]
+    msgs = [ShardReady("s000001-g00002-q000003", 2, 3, 1, 64, 0, 1, 64, 2, 1, 1.5, 0, 4),
+            WeightsHeader(3, 4, 1000), TrainOrder(1, 2, (Slice("x", 0, 5, 1),), end_of_version=True)]
     for m in msgs:
         assert pickle.loads(pickle.dumps(m)) == m
 
@@ -42,9 +42,9 @@ ECHO = textwrap.dedent("""
     import numpy as np
     from mpi4py import MPI
     from rlvla3.config import PolicyConfig
-    from rlvla3.envs import EnvSpec
+    from rlvla3.world import Spec as EnvSpec
     from rlvla3.policies import sample_layout
-    from rlvla3.protocol import Tag, ShardReady, action_codec
+    from rlvla3.engine.protocol import Tag, ShardReady, action_codec
     comm = MPI.COMM_WORLD
     spec = EnvSpec(1, 8, 3, 7, 4, 32, sample_layout(PolicyConfig(chunk=2), 7))
     c = action_codec(spec)
@@ -55,7 +55,7 @@ ECHO = textwrap.dedent("""
                   "logprob": np.array([-1, -2, -3, -4], np.float32), "value": np.ones(4, np.float32)}
         c.pack(buf, (9, 8, 7, 0), arrays)
         comm.Send(buf, dest=1, tag=Tag.ACTION + 9)
-        comm.send(ShardReady("n", 1, 2, 3, 4, 5, 6), dest=1, tag=Tag.SHARD_READY)
+        comm.send(ShardReady("n", 1, 2, 3, 4, 5, 6, 4), dest=1, tag=Tag.SHARD_READY)
         back = np.empty_like(buf)
         comm.Recv(back, source=1, tag=Tag.ACTION + 9)
         msg = comm.recv(source=1, tag=Tag.SHARD_READY)
@@ -81,7 +81,7 @@ def test_messages_round_trip_over_mpiexec(tmp_path):
 
 
 def test_take_rows_balances_trainers_to_the_row():
-    from rlvla3.trainer import take_rows
+    from rlvla3.engine.trainer import take_rows
 
     order = [("a", 5), ("b", 5), ("c", 5)]
     slices, cursor = take_rows(order, (0, 2), 9, 2)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlvla3.evaluate import wilson
+from rlvla3.tools.evaluate import wilson
 from tests.conftest import needs_mpi
 
 
@@ -44,9 +44,9 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
 def test_init_from_refuses_a_checkpoint_of_another_policy(tmp_path):
     import torch
 
-    from rlvla3.launch import compose
-    from rlvla3.learner import load_init
-    from rlvla3.envs import spec
+    from rlvla3.cluster.compose import compose
+    from rlvla3.engine.torch_learner import load_init
+    from rlvla3.world import spec
     from rlvla3.policies import make_policy
 
     cfg = compose(["+experiment=toy"])
@@ -62,7 +62,7 @@ def test_init_from_refuses_a_checkpoint_of_another_policy(tmp_path):
 def test_chunks_are_consecutive_actions_padded_at_episode_ends():
     import numpy as np
 
-    from rlvla3.sft import chunk_actions
+    from rlvla3.tools.sft import chunk_actions
 
     a = np.arange(6, dtype=np.float32)[:, None, None] + np.array([0.0, 10.0], np.float32)[None, :, None]
     ended = np.zeros((6, 2), bool)
@@ -77,9 +77,9 @@ def test_chunks_are_consecutive_actions_padded_at_episode_ends():
 def test_chunked_sft_from_one_step_demonstrations(tmp_path):
     import torch
 
-    from rlvla3.envs import spec
-    from rlvla3.launch import compose
-    from rlvla3.learner import load_init
+    from rlvla3.world import spec
+    from rlvla3.cluster.compose import compose
+    from rlvla3.engine.torch_learner import load_init
     from rlvla3.policies import make_policy
 
     run("rlvla3.collect", "+experiment=toy", "--episodes", "16", "--out", str(tmp_path / "demos"))
@@ -92,7 +92,7 @@ def test_chunked_sft_from_one_step_demonstrations(tmp_path):
 
 
 def test_recipe_training_curve_is_a_success_rate_over_whole_versions():
-    from rlvla3.recipe import smoothed_success
+    from rlvla3.tools.recipe import smoothed_success
 
     h = [{"episodes": 4, "success": 0.0}, {"episodes": 0, "success": 0.0}, {"episodes": 12, "success": 0.5}]
     assert smoothed_success(h, 2) == [0.0, 0.0, 0.5]
@@ -118,7 +118,7 @@ def test_recipe_runs_every_stage_and_writes_its_numbers(tmp_path):
 def test_average_last_checkpoints_is_the_mean_of_the_run_versions_ending_there(tmp_path):
     import torch
 
-    from rlvla3.evaluate import average_checkpoints
+    from rlvla3.tools.evaluate import average_checkpoints
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -140,9 +140,9 @@ def test_evaluation_of_a_grpo_run_starts_every_episode_from_its_own_state(tmp_pa
     import numpy as np
     import torch
 
-    from rlvla3 import shards
-    from rlvla3.envs import spec
-    from rlvla3.launch import compose
+    from rlvla3.engine import shards
+    from rlvla3.world import spec
+    from rlvla3.cluster.compose import compose
     from rlvla3.policies import make_policy
 
     cfg = compose(["+experiment=toy_grpo"])

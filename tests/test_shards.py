@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from rlvla3 import shards
+from rlvla3.engine import shards
 
 
 def segment(T=8, N=3, fill=1):

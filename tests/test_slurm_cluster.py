@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3 import slurm
-from rlvla3.launch import compose, prepare_run_dir, run_slurm
+from rlvla3.cluster import slurm
+from rlvla3.cluster.compose import compose, prepare_run_dir
+from rlvla3.cluster.launch import run_slurm
 from tests.conftest import check_every_shard_consumed_once, summary
 
 
@@ -124,7 +125,7 @@ def rank_pid(job_id: str, procid: int) -> int | None:
         except OSError:
             continue
         if (vars_.get("RLVLA3_JOB_ID") == job_id and vars_.get("SLURM_PROCID") == str(procid)
-                and b"rlvla3.slurm" in cmd):
+                and b"rlvla3.cluster.slurm" in cmd):
             return int(env.parent.name)
     return None
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rlvla3 import config, slurm
-from rlvla3.launch import CONF_DIR, compose
+from rlvla3 import config
+from rlvla3.cluster import slurm
+from rlvla3.world import derive
+from rlvla3.cluster.compose import CONF_DIR, compose
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("slurm_*.yaml"))
@@ -21,9 +23,9 @@ SITE = ["cluster.account=rl-team", "cluster.qos=high", "cluster.mpi=pmix",
 
 def batch_text(overrides, run_dir="/shared/runs/sweep-1/0"):
     cfg = compose(overrides)
-    config.derive(cfg)
+    derive(cfg)
     folder = Path(run_dir) / "slurm"
-    return slurm.sbatch_text(cfg, folder, f"python -u -m rlvla3.slurm '{folder}'", "rlvla3-0")
+    return slurm.sbatch_text(cfg, folder, f"python -u -m rlvla3.cluster.slurm '{folder}'", "rlvla3-0")
 
 
 def test_het_job_batch_text_matches_golden_file():
@@ -37,14 +39,14 @@ def test_het_job_batch_text_matches_golden_file():
 @pytest.mark.parametrize("name", CLUSTERS)
 def test_every_cluster_file_gives_consistent_components(name):
     cfg = compose([f"cluster={name}"])
-    d = config.derive(cfg)
+    d = derive(cfg)
     text = batch_text([f"cluster={name}"])
     blocks = text.split("#SBATCH hetjob")
     assert len(blocks) == 2
     tasks = [int(re.search(r"--ntasks=(\d+)", b).group(1)) for b in blocks]
     nodes = [int(re.search(r"--nodes=(\d+)", b).group(1)) for b in blocks]
-    assert tasks == [cfg.cluster.sim_ranks, d.world_size - cfg.cluster.sim_ranks]
-    assert sum(tasks) == d.world_size
+    assert tasks == [cfg.cluster.sim_ranks, d.size - cfg.cluster.sim_ranks]
+    assert sum(tasks) == d.size
     c = cfg.cluster
     assert nodes[1] * c.gpus_per_node >= tasks[1] and (nodes[1] - 1) * c.gpus_per_node < tasks[1]
     assert nodes[0] * (c.cores_per_cpu_node // c.cpus_per_sim_rank) >= tasks[0]
@@ -74,7 +76,7 @@ def test_dry_run_of_slurm_256_from_the_command_line(tmp_path):
 ])
 def test_bad_site_settings_fail_before_submission_naming_the_field(override, field):
     with pytest.raises(config.ConfigError, match=re.escape(field)):
-        config.derive(compose(["cluster=slurm_8", override]))
+        derive(compose(["cluster=slurm_8", override]))
 
 
 @pytest.mark.parametrize("bad", ["/shared/it's", "/shared/$(reboot)", "/shared/a b", "/shared/x\nsrun"])

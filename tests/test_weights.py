@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from rlvla3.launch import mpi_env
-from rlvla3.weights import buckets, from_wire, to_wire
+from rlvla3.cluster.local import mpi_env
+from rlvla3.engine.weights import buckets, from_wire, to_wire
 from tests.conftest import needs_mpi
 
 
@@ -31,7 +31,7 @@ def test_bfloat16_wire_rounds_to_nearest_even_within_2_to_the_minus_8():
 
 
 def test_torch_and_numpy_bfloat16_agree_bit_for_bit():
-    from rlvla3.weights import bf16_bits_numpy, bf16_bits_torch
+    from rlvla3.engine.weights import bf16_bits_numpy, bf16_bits_torch
 
     x = np.random.default_rng(1).standard_normal(200_001).astype(np.float32) * 1e3
     x[:3] = [1.0 + 2.0 ** -8, -0.0, 3.0e38]
@@ -50,7 +50,7 @@ def test_buckets_cover_the_buffer_once_and_respect_the_size():
 def test_a_publish_reaches_every_generator_exactly(tmp_path):
     """rank 0 publishes 300k parameters in 0.25 MiB buckets to 3 Generators over real mpiexec;
     float32 arrives bit-exact (the worker checks), bfloat16 within 2^-8."""
-    cmd = ["mpiexec", "--oversubscribe", "-n", "4", sys.executable, "-m", "mpi4py", "-m", "rlvla3.weights",
+    cmd = ["mpiexec", "--oversubscribe", "-n", "4", sys.executable, "-m", "mpi4py", "-m", "rlvla3.tools.bench_weights",
            "300000", "float32,bfloat16", "0.25", "1"]
     if __import__("os").geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")

@@ -4,7 +4,7 @@ hydra-submitit-launcher submits a sweep as one job array whose elements run the 
 on every task. Neither fits an MPI het job: Slurm het jobs cannot be arrays, and each rank must
 run its role, not Hydra's task function. This launcher keeps hydra-submitit-launcher's plumbing
 (sweep configs, folders) and replaces its `launch`: every sweep point is validated first (one bad
-point submits nothing), then submitted as its own het job through rlvla3.slurm, then all are
+point submits nothing), then submitted as its own het job through rlvla3.cluster.slurm, then all are
 awaited. The run folder of point i is `<sweep dir>/<hydra.sweep.subdir>` as usual.
 """
 
@@ -33,7 +33,9 @@ class HetSlurmLauncher(BaseSubmititLauncher):
     _EXECUTOR = "slurm"
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from rlvla3 import config, launch, slurm
+        from rlvla3 import config
+        from rlvla3.cluster import compose, slurm
+        from rlvla3.world import derive
 
         points = []
         for i, overrides in enumerate(job_overrides):
@@ -44,7 +46,7 @@ class HetSlurmLauncher(BaseSubmititLauncher):
             body = OmegaConf.masked_copy(sweep_cfg, [k for k in sweep_cfg if k != "hydra"])
             try:
                 cfg = config.to_config(body)
-                config.derive(cfg)
+                derive(cfg)
             except config.ConfigError as e:
                 raise config.ConfigError(f"sweep point #{initial_job_idx + i} ({' '.join(overrides)}): {e}") from e
             points.append((list(overrides), sweep_cfg, cfg, run_dir))
@@ -58,7 +60,7 @@ class HetSlurmLauncher(BaseSubmititLauncher):
 
         jobs = []
         for overrides, sweep_cfg, cfg, run_dir in points:
-            cfg, _ = launch.prepare_run_dir(cfg, run_dir)
+            cfg, _ = compose.prepare_run_dir(cfg, run_dir)
             job = slurm.submit(cfg, run_dir, job_name=f"rlvla3-{run_dir.name}")
             log.info(f"#{sweep_cfg.hydra.job.num} {' '.join(filter_overrides(overrides))}: het job {job.job_id} -> {run_dir}")
             jobs.append(job)

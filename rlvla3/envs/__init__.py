@@ -1,4 +1,4 @@
-"""Env adapters behind one small interface, and the observation spec every role agrees on.
+"""Env adapters behind one small interface, and the observation and action sizes of each.
 
 This package imports numpy only: Simulator ranks never import torch. Heavy simulators
 (robosuite) are imported lazily inside the child process that hosts the env.
@@ -7,34 +7,22 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ..policies import SampleLayout
-
 
 @dataclass(frozen=True)
-class EnvSpec:
-    """Shapes of one observation and action; derived from config alone (no simulator import)."""
+class EnvDims:
+    """Sizes of one observation and action of `cfg.env`, from config alone (no simulator import)."""
 
     cameras: int
-    image_size: int
     proprio_dim: int
     action_dim: int
-    instruction_len: int
-    vocab: int
-    sample: SampleLayout     # what the policy samples per observation
-
-    @property
-    def chunk(self) -> int:
-        return self.sample.chunk
 
 
-def spec(cfg) -> EnvSpec:
-    """The EnvSpec of `cfg.env` (cfg: RunConfig)."""
-    e, p = cfg.env, cfg.policy
+def env_dims(cfg) -> EnvDims:
+    """The EnvDims of `cfg.env` (cfg: RunConfig); `world.spec` adds the policy's side."""
+    e = cfg.env
     if e.name == "toy":
         from .toy import PROPRIO_DIM, ACTION_DIM
         cams, prop, act = 1, PROPRIO_DIM, ACTION_DIM
@@ -51,8 +39,7 @@ def spec(cfg) -> EnvSpec:
         cams, prop, act = 1, e.proprio_dim, e.action_dim
     else:
         raise ValueError(f"env.name={e.name!r} is unknown")
-    from ..policies import sample_layout   # numpy-free dataclass; imports nothing heavy
-    return EnvSpec(cams, e.image_size, prop, act, p.instruction_len, p.vocab, sample_layout(p, act))
+    return EnvDims(cams, prop, act)
 
 
 def tokenize(text: str, length: int, vocab: int) -> np.ndarray:
@@ -96,11 +83,7 @@ def expert_tasks(cfg) -> list[str] | None:
     return []
 
 
-def make_vec_env(cfg, env_ids: list[int], seed: int):
-    """A group of envs: in-process for toy/emulated (or env.in_process), else one spawned child
-    process per env (rendering envs: a GL context per process, killable on a hang)."""
-    from .base import LocalVecEnv, ProcessVecEnv
-
-    in_process = cfg.env.in_process or cfg.env.name in ("toy", "emulated")
-    cls = LocalVecEnv if in_process else ProcessVecEnv
-    return cls(cfg, env_ids, seed)
+def in_process(cfg) -> bool:
+    """toy and emulated envs are cheap and draw no GL context: they run inside the Simulator rank
+    (as does any env with env.in_process); rendering envs get one spawned child process each."""
+    return cfg.env.in_process or cfg.env.name in ("toy", "emulated")

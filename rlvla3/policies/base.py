@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import tokens_to_actions
+from .sampling import tokens_to_actions
 
 
 class Policy(nn.Module):

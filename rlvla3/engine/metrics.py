@@ -100,3 +100,11 @@ def read_spans(run_dir: str | Path):
 def read_summaries(run_dir: str | Path) -> list[dict]:
     """The exit summary of every rank that finished (rank order)."""
     return [rec for _, _, rec in read_records(run_dir, "summary")]
+
+
+def steady_throughput(history: list[dict]) -> float:
+    """Env steps/s over versions 2..N (the first version includes start-up)."""
+    if len(history) < 2:
+        return float("nan")
+    steps = sum(h["env_steps"] for h in history[1:])
+    return steps / (history[-1]["t"] - history[0]["t"])

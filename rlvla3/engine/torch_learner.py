@@ -3,22 +3,7 @@ group-normalised outcomes for grpo, V-trace for vtrace), the clipped (decoupled)
 data-parallel all-reduce, π_prox, the reference policy of the KL term, and the model/optimizer
 part of checkpoints.
 
-The Trainer (trainer.py) decides *what* each optimizer step trains and owns versions, credits,
-the ledger and logs; a learner decides *how*. `policies/emulated.py` has the same interface
-without torch (it sleeps for the profiled cost), so Trainer ranks can be emulated.
-
-Interface (both learners):
-    connect(transport, train_ranks)      data-parallel group (Trainer 0 picks the address)
-    preload(name)                        read a shard ahead of its optimizer step (overlap)
-    bad                                  shards found corrupt (quarantined, trained as absent)
-    train(slices, version) -> totals     one optimizer step; totals = [rows, *LOSS_KEYS] summed
-                                         over all Trainers (identical on every Trainer)
-    forget(names)                        drop rows of a finished rollout step
-    new_version()                        freeze π_prox for the rollout step that starts
-    weights() -> float32[n]              flat parameters to publish
-    state(mid_version) / load_state(s)   the learner's part of a checkpoint
-    save(state, path) / load(path)       the checkpoint file format
-    digest()                             sha256 of the parameters (DP ranks must agree)
+The interface it shares with the emulated learner is in learners.py.
 """
 from __future__ import annotations
 
@@ -33,13 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..algo import decoupled_ppo_loss, gae, grpo_advantages, lr_at, vtrace
+from ..policies import make_policy
+from ..policies.base import flat_params, pick_device
 from . import shards
-from .algo import decoupled_ppo_loss, gae, grpo_advantages, lr_at, vtrace
-from .config import derive
-from .policies import make_policy
-from .policies.base import flat_params, pick_device
+from .learners import LOSS_KEYS
 from .protocol import Slice, Tag
-from .trainer import LOSS_KEYS
 ROW_KEYS = ("images", "proprio", "tokens", "sample", "valid", "logp_behav", "logp_prox", "adv", "ret")
 
 
@@ -127,7 +111,7 @@ def load_init(policy, path: str) -> None:
 
 
 class TorchLearner:
-    def __init__(self, cfg, spec, metrics, n_trainers: int, index: int, shards_dir: Path):
+    def __init__(self, cfg, world, spec, metrics, n_trainers: int, index: int, shards_dir: Path):
         self.cfg, self.spec, self.metrics, self.n, self.index = cfg, spec, metrics, n_trainers, index
         self.shards_dir = shards_dir
         self.device = pick_device(cfg.policy.device)
@@ -145,7 +129,7 @@ class TorchLearner:
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
         self.version = 0   # the version being trained (set by each `train`)
-        self.total_opt_steps = cfg.algo.max_versions * derive(cfg).opt_steps_per_version   # the lr schedule's length
+        self.total_opt_steps = cfg.algo.max_versions * world.opt_steps_per_version   # the lr schedule's length
         self.prox = self.ref = None
         self.lm_config, self.tp_rank = None, 0   # Megatron: set when connect() swaps the LM in
         self._full_cache = None                  # Megatron: the gathered state until the next step

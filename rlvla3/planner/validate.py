@@ -22,7 +22,11 @@ import os
 import time
 from pathlib import Path
 
-from . import planner as P
+from .analytic import analytic
+from .des import simulate
+from .layout import Layout, layout_sharding
+from .overrides import emulation_overrides, override_strings, run_overrides
+from .profile import PlannerError, Profile
 
 GROUP_SIZE = 4
 GROUPS_PER_SIM = 2
@@ -36,18 +40,18 @@ engine's own work (messages, shard writes) then delays the emulated costs and th
 has no CPU term, is not comparable."""
 
 
-def layout_for(ranks: int, mode: str) -> P.Layout:
+def layout_for(ranks: int, mode: str) -> Layout:
     """N ranks = N/2 Simulators + N/4 Generators + N/4 Trainers."""
     if ranks < 4 or ranks % 4:
-        raise P.PlannerError(f"ranks={ranks}: use a multiple of 4 (N/2 Simulators, N/4 Generators, N/4 Trainers)")
+        raise PlannerError(f"ranks={ranks}: use a multiple of 4 (N/2 Simulators, N/4 Generators, N/4 Trainers)")
     gens = ranks // 4
     envs_per_gen = 2 * GROUPS_PER_SIM * GROUP_SIZE  # two Simulator ranks per Generator
     if mode == "sync":
-        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, envs_per_gen, 0.0, 0, env_level=False, overlap=False,
+        return Layout(gens, gens, envs_per_gen, GROUP_SIZE, envs_per_gen, 0.0, 0, env_level=False, overlap=False,
                         streaming=False, groups_per_sim=GROUPS_PER_SIM)
     if mode == "async":
-        return P.Layout(gens, gens, envs_per_gen, GROUP_SIZE, ASYNC_B_MAX, ASYNC_T_MAX_MS, 1, groups_per_sim=GROUPS_PER_SIM)
-    raise P.PlannerError(f"mode={mode!r}: use sync or async")
+        return Layout(gens, gens, envs_per_gen, GROUP_SIZE, ASYNC_B_MAX, ASYNC_T_MAX_MS, 1, groups_per_sim=GROUPS_PER_SIM)
+    raise PlannerError(f"mode={mode!r}: use sync or async")
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -57,26 +61,26 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def engine_overrides(profile: P.Profile, layout: P.Layout, mode: str, versions: int | None = None) -> list[str]:
-    plan = P.sharding_plan(profile, layout)
-    tree = _merge(P.run_overrides(layout, plan), P.emulation_overrides(profile))
+def engine_overrides(profile: Profile, layout: Layout, mode: str, versions: int | None = None) -> list[str]:
+    plan = layout_sharding(profile, layout)
+    tree = _merge(run_overrides(layout, plan), emulation_overrides(profile))
     tree = _merge(tree, {
         "cluster": {"sim_ranks": len(plan), "gen_ranks": layout.gen_gpus, "train_ranks": layout.train_gpus},
         "algo": {"max_versions": versions or VERSIONS[mode]},
         "mode": {"name": mode},
         "runtime": {"tensorboard": False, "progress": False, "liveness_timeout": 120.0, "startup_timeout": 300.0},
     })
-    return P.override_strings(tree)
+    return override_strings(tree)
 
 
-def measure(profile: P.Profile, ranks: int, mode: str, root: Path, seed: int = 0, versions: int | None = None) -> dict:
-    from .bench import steady_throughput
-    from .launch import compose, run_local
-    from .metrics import read_summaries
+def measure(profile: Profile, ranks: int, mode: str, root: Path, seed: int = 0, versions: int | None = None) -> dict:
+    from ..cluster.compose import compose
+    from ..cluster.local import run_local
+    from ..engine.metrics import read_summaries, steady_throughput
 
     lay = layout_for(ranks, mode)
-    analytic = P.analytic(profile, lay).steps_per_s
-    des = P.simulate(profile, lay, seed)
+    predicted = analytic(profile, lay).steps_per_s
+    des = simulate(profile, lay, seed)
     cfg = compose(["+experiment=emulated", *engine_overrides(profile, lay, mode, versions)])
     run = root / f"{mode}-{ranks}"
     t0 = time.monotonic()
@@ -89,15 +93,15 @@ def measure(profile: P.Profile, ranks: int, mode: str, root: Path, seed: int = 0
     measured = produced_per_s(run)
     cpu = sum(r["cpu_s"] + r["cpu_children_s"] for r in read_summaries(run))
     load = cpu / wall / (os.cpu_count() or 1)
-    return {"ranks": ranks, "mode": mode, "envs": lay.num_envs, "analytic": analytic, "des": des.steps_per_s,
-            "measured": measured, "consumed": steady_throughput(history), "err_analytic": analytic / measured - 1, "err_des": des.steps_per_s / measured - 1,
+    return {"ranks": ranks, "mode": mode, "envs": lay.num_envs, "analytic": predicted, "des": des.steps_per_s,
+            "measured": measured, "consumed": steady_throughput(history), "err_analytic": predicted / measured - 1, "err_des": des.steps_per_s / measured - 1,
             "cpu_load": load, "wall_s": wall, "run": str(run), "layout": dataclasses.asdict(lay)}
 
 
 def produced_per_s(run: Path) -> float:
     """Env steps the Simulators completed between the first and the last version publish, per
     second (all times on rank 0's clock)."""
-    from .metrics import read_records, read_spans
+    from ..engine.metrics import read_records, read_spans
 
     published = sorted(rec["t"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "steps_per_s")
     if len(published) < 2:

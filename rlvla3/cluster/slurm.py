@@ -2,7 +2,7 @@
 
 Component 0 holds the Simulators (CPU nodes), component 1 the Generators and Trainers (one GPU
 per rank). A single `srun --het-group=0,1 --mpi=<plugin>` starts every rank, so MPI ranks follow
-SLURM_PROCID, component by component: Simulators first, exactly the order `config.derive` gives.
+SLURM_PROCID, component by component: Simulators first, exactly the order `world.derive` gives.
 
 submitit has no het-job support, so `HetSlurmExecutor` extends its SlurmExecutor:
 - the batch text has one `#SBATCH hetjob` block per component;
@@ -11,7 +11,7 @@ submitit has no het-job support, so `HetSlurmExecutor` extends its SlurmExecutor
 - sacct reports a het job as rows `<id>+0`, `<id>+1`: `HetInfoWatcher` folds them into `<id>` so a
   failed component fails the job instead of leaving its state unknown forever.
 
-Each rank runs `python -m rlvla3.slurm <folder>`: it makes every task report under the leader's
+Each rank runs `python -m rlvla3.cluster.slurm <folder>`: it makes every task report under the leader's
 job id, turns an uncaught exception into MPI_Abort, then hands over to submitit, which unpickles
 and calls `RankTask` (the engine) and pickles its result.
 
@@ -34,7 +34,8 @@ from pathlib import Path
 import submitit
 from submitit.slurm import slurm as _slurm
 
-from . import config
+from .. import config
+from ..world import gpu_ranks
 
 SAFE_PATH = re.compile(r"[A-Za-z0-9_./+=-]+")
 FAILED_STATES = ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED")
@@ -53,7 +54,7 @@ class Component:
 def components(cfg: config.RunConfig) -> list[Component]:
     """The two het-job components of a run (validated config)."""
     c = cfg.cluster
-    sims, gpus = c.sim_ranks, config.gpu_ranks(cfg)
+    sims, gpus = c.sim_ranks, gpu_ranks(cfg)
     sims_per_node = c.cores_per_cpu_node // c.cpus_per_sim_rank
     return [
         Component("simulators", c.cpu_partition, math.ceil(sims / sims_per_node), sims, c.cpus_per_sim_rank, 0),
@@ -80,7 +81,7 @@ def component_directives(cfg: config.RunConfig) -> list[str]:
 
 
 def sbatch_text(cfg: config.RunConfig, folder: Path, command: str, job_name: str) -> str:
-    """The whole batch file. Every value that reaches it is validated (config.validate_slurm,
+    """The whole batch file. Every value that reaches it is validated (world.validate_slurm,
     SAFE_PATH here); `command` is built by the caller from shell-quoted parts."""
     c = cfg.cluster
     # #SBATCH lines are not parsed by a shell: a folder needing quotes is refused, not quoted.
@@ -90,7 +91,7 @@ def sbatch_text(cfg: config.RunConfig, folder: Path, command: str, job_name: str
     logs = str(folder) + "/"
     lines = ["#!/bin/bash",
              f"# rlvla3 heterogeneous job: {cfg.cluster.sim_ranks} Simulator ranks on CPU nodes, "
-             f"{config.gpu_ranks(cfg)} Generator/Trainer ranks on GPU nodes, one MPI world.",
+             f"{gpu_ranks(cfg)} Generator/Trainer ranks on GPU nodes, one MPI world.",
              f"#SBATCH --job-name={job_name}",
              f"#SBATCH --output={logs}%j_batch.out",
              f"#SBATCH --error={logs}%j_batch.err",
@@ -161,7 +162,7 @@ class HetSlurmExecutor(_slurm.SlurmExecutor):
 
     @property
     def _submitit_command_str(self) -> str:
-        return " ".join([self.python, "-u -m rlvla3.slurm", shlex.quote(str(self.folder))])
+        return " ".join([self.python, "-u -m rlvla3.cluster.slurm", shlex.quote(str(self.folder))])
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         return sbatch_text(self.cfg, Path(self.folder), command, self.job_name)
@@ -187,7 +188,7 @@ class RankTask:
     def __call__(self):
         import signal
 
-        from . import run
+        from ..engine import run
 
         prev = signal.getsignal(signal.SIGUSR2)  # submitit's checkpoint-and-requeue handler
         preempt = run.Preemption(requeue=lambda: prev(signal.SIGUSR2, None))
@@ -254,7 +255,7 @@ def submit(cfg: config.RunConfig, run_dir: Path, job_name: str = "rlvla3"):
 
 def dry_run_text(cfg: config.RunConfig, run_dir: Path, job_name: str = "rlvla3") -> str:
     folder = run_dir / "slurm"
-    cmd = " ".join([shlex.quote(sys.executable), "-u -m rlvla3.slurm", shlex.quote(str(folder))])
+    cmd = " ".join([shlex.quote(sys.executable), "-u -m rlvla3.cluster.slurm", shlex.quote(str(folder))])
     return sbatch_text(cfg, folder, cmd, job_name)
 
 

@@ -16,20 +16,32 @@ import numpy as np
 
 
 class Tag(IntEnum):
-    HEARTBEAT = 1        # any -> peer          Heartbeat
-    SHARD_READY = 2      # simulator -> trainer0  ShardReady
-    WEIGHTS = 3          # trainer0 -> generator  WeightsHeader, then WEIGHTS_BUF
-    WEIGHTS_BUF = 4      # trainer0 -> generator  flat parameters, in buckets (weights.py)
-    STOP = 5             # trainer0 -> all        Stop
-    DONE = 6             # simulator -> generator, trainer0; generator -> trainer0   Done
-    PLAN = 7             # trainer0 -> other trainers   Plan
-    CLOCK = 8            # rank0 <-> any          float timestamps (clock offsets)
-    CKPT_ACK = 9         # trainer0 -> rank0      str: checkpoint written after a preemption signal
-    OBS = 1000           # simulator -> generator: OBS + gid, packed ObsRequest buffer
-    ACTION = 40000       # generator -> simulator: ACTION + gid, packed ActionReply buffer
+    """MPI tags; who sends each to whom, with which message, is the edge list (wiring.py)."""
+
+    HEARTBEAT = 1
+    SHARD_READY = 2
+    WEIGHTS = 3
+    WEIGHTS_BUF = 4
+    STOP = 5
+    DONE = 6
+    TRAIN_ORDER = 7
+    CLOCK = 8
+    CKPT_ACK = 9
+    GROUP_ADDRESS = 10
+    OBS = 1000           # OBS + gid: one tag per env group
+    ACTION = 40000       # ACTION + gid
 
 
 MAX_GROUPS = Tag.ACTION - Tag.OBS
+
+
+def tag_family(tag: int) -> int:
+    """The tag a raw MPI tag belongs to (OBS + gid -> OBS, ACTION + gid -> ACTION)."""
+    if tag >= Tag.ACTION:
+        return Tag.ACTION
+    if tag >= Tag.OBS:
+        return Tag.OBS
+    return tag
 
 
 class Kind(IntEnum):
@@ -45,27 +57,30 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class ClockSync:
+    """A wall-clock reading for the clock-offset ping-pong with rank 0."""
+
+    t: float
+
+
+@dataclass(frozen=True)
 class ShardReady:
-    """A segment was published as a shard. Sent by its Simulator to Trainer 0."""
+    """A segment was published as a shard. Sent by its Simulator to every Trainer."""
 
     name: str            # directory name under <run>/shards/
     gid: int
     seq: int             # segment index within the group
-    step: int            # rollout step this segment belongs to (credit step)
+    rollout_step: int    # the rollout step this segment belongs to (its credit step)
     rows: int            # steps * n_envs
     min_version: int
     max_version: int
+    env_steps: int       # env steps the segment executed (rows x chunk at most)
     # rollout statistics for the segment (for progress and metrics)
     episodes: int = 0
     successes: int = 0
     return_sum: float = 0.0
     env_errors: int = 0
     sim_rank: int = -1
-    env_steps: int = -1  # env steps the segment executed (rows x chunk at most); -1: unknown (= rows)
-
-    @property
-    def steps(self) -> int:
-        return self.rows if self.env_steps < 0 else self.env_steps
 
 
 @dataclass(frozen=True)
@@ -99,19 +114,34 @@ class Slice:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Trainer 0 tells every Trainer what the next optimizer step trains."""
+class TrainOrder:
+    """Trainer 0 tells every Trainer what the next optimizer step trains (or to stop)."""
 
-    step: int                      # rollout step (== version being trained)
+    version: int                   # the version being trained (== its rollout step)
     opt_step: int                  # global optimizer step counter (after this one)
     slices: tuple[Slice, ...] = ()
-    end_of_version: bool = False   # after this optimizer step, publish version step + 1
+    end_of_version: bool = False   # after this optimizer step, publish version + 1
     stop: bool = False
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Trainer 0's address for the Trainers' torch.distributed process group."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class CheckpointAck:
+    """Trainer 0 wrote checkpoint `name` after a preemption signal: rank 0 may requeue."""
+
+    name: str
 
 
 # ---------------------------------------------------------------- packed buffers
 
-HEADER = 4  # int64 words: gid, seq, step-or-version, kind
+HEADER = 4  # int64 words: gid, request id, rollout step (requests) or version (replies), kind
 
 
 @dataclass(frozen=True)
@@ -152,6 +182,12 @@ class Codec:
     def unpack(self, buf: np.ndarray, n: int) -> dict[str, np.ndarray]:
         """Views into buf (no copy)."""
         return {name: buf[off: off + nb].view(dt).reshape(shape) for name, shape, dt, off, nb in self.layout(n)}
+
+
+def request_id(seq: int, t: int, segment_steps: int) -> int:
+    """A group's requests numbered in order: step t of segment seq (t = segment_steps: the
+    segment's bootstrap request). Keys the Generator's sampling noise."""
+    return seq * (segment_steps + 1) + t
 
 
 def obs_codec(spec) -> Codec:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import Derived, RunConfig
-from .envs import spec
-from .policies import make_actor
+from ..config import RunConfig
+from ..policies import make_actor
+from ..world import World, spec
 from . import weights
 from .batcher import DynamicBatcher, WindowTuner
 from .protocol import Done, Kind, Stop, Tag, WeightsHeader, action_codec, obs_codec
@@ -28,19 +28,19 @@ class Request:
     gid: int
     n: int                 # samples (envs in the group)
     arrived: float         # monotonic time it became eligible for batching
-    seq: int
-    step: int
+    request_id: int        # the group's request number (protocol.request_id): keys the noise
+    step: int              # the rollout step it is for (ACT requests need a credit for it)
     kind: int
     obs: dict              # views into the group's receive buffer
 
 
 class Generator:
-    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, gen_index: int):
-        self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
+    def __init__(self, cfg: RunConfig, world: World, transport, metrics, gen_index: int):
+        self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
         self.sp = spec(cfg)
         self.actor = make_actor(cfg, self.sp)   # torch policy, or an emulated one (no torch)
         self.obs_codec, self.act_codec = obs_codec(self.sp), action_codec(self.sp)
-        self.groups = {g.gid: g for g in d.groups_of_gen(gen_index)}
+        self.groups = {g.gid: g for g in world.groups_of_gen(gen_index)}
         self.recv_bufs = {gid: self.obs_codec.alloc(g.size) for gid, g in self.groups.items()}
         self.reply_bufs = {gid: self.act_codec.alloc(g.size) for gid, g in self.groups.items()}
         self.reply_reqs: dict[int, object] = {}
@@ -48,10 +48,10 @@ class Generator:
         self.held: list[Request] = []          # ACT requests beyond the credits
         # Sync baseline (lockstep): wait for every group served, then forward them all in B_max
         # chunks; async: the dynamic batcher closes batches on B_max or T_max.
-        self.lockstep = not cfg.mode.env_level
+        self.lockstep = world.lockstep
         self.served = sum(g.size for g in self.groups.values())
         self.round_left = 0   # lockstep: samples of the current round not yet served
-        self.batcher = DynamicBatcher(d.b_max, float("inf") if self.lockstep else cfg.generator.t_max_ms / 1e3)
+        self.batcher = DynamicBatcher(world.b_max, float("inf") if self.lockstep else cfg.generator.t_max_ms / 1e3)
         # At most `served` samples can ever be waiting (each group has one request in flight): a
         # larger target would only push the window to its cap, so the target is capped there.
         adapt = cfg.generator.adapt_batch and not self.lockstep
@@ -61,8 +61,7 @@ class Generator:
         self.weights_buf = np.zeros(self.actor.n_params, np.float32)
         self.wire_bufs: dict[str, np.ndarray] = {}   # receive buffer per wire dtype
         self.sims = sorted({g.sim_rank for g in self.groups.values()})
-        self.trainer0 = d.train_ranks[0]
-        self.colocated = cfg.mode.placement == "colocated"
+        self.trainer0 = world.train_ranks[0]
         self.stopped = False
         self.done = False
         self.batches = 0
@@ -75,8 +74,7 @@ class Generator:
         self._release_held()
 
     def _poll_weights(self) -> bool:
-        if self.colocated:
-            return False
+        """A new version from Trainer 0 (a colocated one's arrives in-process, on the same edge)."""
         got = self.transport.poll(Tag.WEIGHTS, self.trainer0)
         if got is None:
             return False
@@ -98,16 +96,14 @@ class Generator:
         for gid, g in self.groups.items():
             if gid in self.busy or g.sim_rank in self.transport.done_ranks:
                 continue
-            if not self.transport.comm.Iprobe(source=g.sim_rank, tag=Tag.OBS + gid):
-                continue
             buf = self.recv_bufs[gid]
-            self.transport.comm.Recv(buf, source=g.sim_rank, tag=Tag.OBS + gid)  # matched by Iprobe: no wait
-            self.transport.seen(g.sim_rank)
+            if not self.transport.recv_buf_now(g.sim_rank, Tag.OBS + gid, buf):
+                continue
             work = True
             if self.stopped:
                 continue  # draining after Stop: the Simulator no longer waits for a reply
-            _, seq, step, kind = self.obs_codec.header(buf)
-            req = Request(gid, g.size, time.monotonic(), seq, step, kind, self.obs_codec.unpack(buf, g.size))
+            _, rid, step, kind = self.obs_codec.header(buf)
+            req = Request(gid, g.size, time.monotonic(), rid, step, kind, self.obs_codec.unpack(buf, g.size))
             self.busy.add(gid)
             self._tune(req)
             self._admit(req)
@@ -166,7 +162,7 @@ class Generator:
     def _noise(self, r: Request) -> np.ndarray:
         """The policy's sampling noise (U(0,1) for Gumbel-max over tokens, N(0,1) for a denoising
         chain), keyed by (seed, group, request): a sample never depends on its batch."""
-        rng = np.random.Generator(np.random.Philox(key=[self.cfg.seed, r.gid * 2**32 + r.seq]))
+        rng = np.random.Generator(np.random.Philox(key=[self.cfg.seed, r.gid * 2**32 + r.request_id]))
         layout = self.sp.sample
         shape = (r.n, *layout.noise_shape)
         if layout.noise == "normal":
@@ -179,7 +175,7 @@ class Generator:
         prev = self.reply_reqs.get(r.gid)
         if prev is not None:
             self.transport.wait(prev, self.cfg.runtime.liveness_timeout, g.sim_rank, "action reply")
-        self.act_codec.pack(buf, (r.gid, r.seq, self.version, r.kind), {
+        self.act_codec.pack(buf, (r.gid, r.request_id, self.version, r.kind), {
             "action": self.actor.to_env_action(sample), "sample": sample, "logprob": logp, "value": value})
         self.reply_reqs[r.gid] = self.transport.isend_buf(g.sim_rank, Tag.ACTION + r.gid, buf)
         self.busy.discard(r.gid)
@@ -214,10 +210,7 @@ class Generator:
             for req in self.reply_reqs.values():
                 if not req.Test():
                     req.Cancel()
-            if self.trainer0 == self.transport.rank:
-                self.transport.done_ranks.add(self.trainer0)  # co-located with Trainer 0
-            else:
-                self.transport.send(self.trainer0, Tag.DONE, Done(self.transport.rank, "generator"))
+            self.transport.send(self.trainer0, Tag.DONE, Done(self.transport.rank, "generator"))
             self.done = True
 
     def stop(self, msg: Stop) -> None:

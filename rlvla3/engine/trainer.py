@@ -1,7 +1,7 @@
 """Trainer role: consumes shards as they are announced and trains the policy with PPO.
 
 Trainers are data-parallel over their own process group (gloo on CPU, NCCL on GPU). Trainer 0
-is the leader: it decides what each optimizer step trains (a `Plan` of shard row slices) and
+is the leader: it decides what each optimizer step trains (a `TrainOrder` of shard row slices) and
 sends it to the others. Each optimizer step's global batch is cut into equal contiguous row
 ranges, one per Trainer: a data-parallel step lasts as long as its largest share, so shares are
 balanced to the row (owning whole shards, by a hash of the name, left some Trainers with 2-3x
@@ -28,7 +28,6 @@ never saved, its rows are simply planned again.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 import zlib
@@ -37,19 +36,20 @@ from pathlib import Path
 
 import numpy as np
 
-from . import shards, weights
-from .config import Derived, RunConfig
-from .envs import spec
-from .policies import make_learner
-from .protocol import Plan, ShardReady, Slice, Stop, Tag, WeightsHeader
-
-LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
+from ..config import RunConfig
+from ..world import World, spec
+from . import checkpoints, shards, weights
+from .learners import LOSS_KEYS, EmulatedLearner
+from .protocol import CheckpointAck, ShardReady, Slice, Stop, Tag, TrainOrder, WeightsHeader
 
 
-def ckpt_order(path: Path) -> tuple[int, int]:
-    """v000012.pt -> (12, 0); v000012-s0005.pt -> (12, 5): later checkpoints sort last."""
-    m = re.fullmatch(r"v(\d+)(?:-s(\d+))?\.pt", path.name)
-    return (int(m.group(1)), int(m.group(2) or 0)) if m else (-1, -1)
+def make_learner(cfg, world, spec, metrics, index: int, shards_dir):
+    """What Trainer `index` runs: loss, backward and optimizer, or their emulated cost."""
+    n = len(world.train_ranks)
+    if cfg.policy.name == "emulated":
+        return EmulatedLearner(cfg, spec, metrics, n, index)
+    from .torch_learner import TorchLearner   # torch: never on emulated ranks
+    return TorchLearner(cfg, world, spec, metrics, n, index, shards_dir)
 
 
 def likely_owner(name: str, n_trainers: int) -> int:
@@ -77,16 +77,15 @@ def take_rows(order: list[tuple[str, int]], cursor: tuple[int, int], n: int, n_t
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, run_dir: Path, index: int, local_gen=None,
-                 preemption=None):
-        self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
+    def __init__(self, cfg: RunConfig, world: World, transport, metrics, run_dir: Path, index: int, preemption=None):
+        self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
         self.preemption, self.preempted = preemption, False
-        self.run_dir, self.index, self.local_gen = run_dir, index, local_gen
-        self.n = len(d.train_ranks)
+        self.run_dir, self.index = run_dir, index
+        self.n = len(world.train_ranks)
         self.leader = index == 0
         self.shards_dir = run_dir / "shards"
         self.ckpt_dir = run_dir / "ckpt"
-        self.learner = make_learner(cfg, spec(cfg), metrics, self.n, index, self.shards_dir)
+        self.learner = make_learner(cfg, world, spec(cfg), metrics, index, self.shards_dir)
         self.version = self.opt_step = self.rows_trained = 0
         self.ledger = shards.Ledger.empty()
         self.announced: dict[int, list[ShardReady]] = defaultdict(list)
@@ -99,7 +98,7 @@ class Trainer:
         self.stopping = False
         self.done = False
         self.tb = None
-        self.learner.connect(transport, d.train_ranks)
+        self.learner.connect(transport, world.train_ranks)
         if cfg.resume:
             self._resume()
         if self.leader:
@@ -114,7 +113,7 @@ class Trainer:
 
     # ------------------------------------------------------------ setup
     def _resume(self) -> None:
-        ckpts = sorted(self.ckpt_dir.glob("v*.pt"), key=ckpt_order)
+        ckpts = checkpoints.all_ckpts(self.ckpt_dir)
         if not ckpts:
             return
         state = self.learner.load(ckpts[-1])
@@ -135,15 +134,15 @@ class Trainer:
             step, gid, seq = shards.parse_name(name)
             attrs = shards.read_attrs(self.shards_dir / name)
             self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"],
-                                      env_steps=attrs["env_steps"]))
+                                      attrs["env_steps"]))
         print(f"[trainer {self.index}] resumed from {ckpts[-1].name}: version {self.version}, step "
               f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)
 
     # ------------------------------------------------------------ intake
     def _announce(self, msg: ShardReady) -> None:
-        if msg.step < self.version:
+        if msg.rollout_step < self.version:
             return  # already trained (a duplicate announcement after a restart)
-        self.announced[msg.step].append(msg)
+        self.announced[msg.rollout_step].append(msg)
         if self.cfg.mode.overlap and likely_owner(msg.name, self.learner.dp_size) == self.learner.dp_index:
             self.learner.preload(msg.name)
 
@@ -156,9 +155,9 @@ class Trainer:
         return work
 
     # ------------------------------------------------------------ planning (leader)
-    def _next_plan(self) -> Plan | None:
+    def _next_order(self) -> TrainOrder | None:
         a, k = self.cfg.algo, self.version
-        per_epoch = a.rollout_batch // a.global_batch
+        per_epoch = self.world.opt_steps_per_epoch
         epoch = self.step_in_version // per_epoch
         arrived = self.announced[k]
         complete = sum(m.rows for m in arrived) >= a.rollout_batch
@@ -179,7 +178,8 @@ class Trainer:
         self.step_in_version += 1
         if self.step_in_version % per_epoch == 0:
             self.cursor = (0, 0)
-        return Plan(k, self.opt_step + 1, tuple(slices), end_of_version=self.step_in_version == self.d.opt_steps_per_version)
+        return TrainOrder(k, self.opt_step + 1, tuple(slices),
+                          end_of_version=self.step_in_version == self.world.opt_steps_per_version)
 
     @staticmethod
     def _position(order, cursor) -> int:
@@ -187,23 +187,22 @@ class Trainer:
         return sum(rows for _, rows in order[:i]) + r
 
     # ------------------------------------------------------------ training
-    def _execute(self, plan: Plan) -> None:
+    def _execute(self, order: TrainOrder) -> None:
         t0 = time.time()
-        total = self.learner.train(plan.slices, self.version, plan.opt_step)
-        self.opt_step = plan.opt_step
-        self._account(plan, total)
-        mine = sum(s.stop - s.start for s in plan.slices if s.owner == self.learner.dp_index)
+        total = self.learner.train(order.slices, self.version, order.opt_step)
+        self.opt_step = order.opt_step
+        self._account(order, total)
+        mine = sum(s.stop - s.start for s in order.slices if s.owner == self.learner.dp_index)
         self.metrics.span("train", t0, time.time() - t0, rows=mine, opt_step=self.opt_step, version=self.version)
-        if plan.end_of_version:
+        if order.end_of_version:
             self._finish_version()
 
-    def _account(self, plan: Plan, total: np.ndarray) -> None:
-        per_epoch = self.cfg.algo.rollout_batch // self.cfg.algo.global_batch
+    def _account(self, order: TrainOrder, total: np.ndarray) -> None:
         # Only the leader plans (and so counts steps); rows count as consumed in epoch 0.
-        if self.leader and (self.step_in_version - 1) // per_epoch == 0:
-            for s in plan.slices:
+        if self.leader and (self.step_in_version - 1) // self.world.opt_steps_per_epoch == 0:
+            for s in order.slices:
                 self.ledger.advance(s.name, s.stop)
-            self.rows_trained += sum(s.stop - s.start for s in plan.slices)
+            self.rows_trained += sum(s.stop - s.start for s in order.slices)
         for k, v in zip(LOSS_KEYS, total[1:].tolist()):
             self.loss_sums[k] += v
         self.loss_sums["rows"] += float(total[0])
@@ -232,20 +231,19 @@ class Trainer:
 
     # ------------------------------------------------------------ weights, checkpoints, logs
     def _publish(self) -> None:
-        """Weights of the current version + credits up to step version + eta, to the Generators."""
+        """Weights of the current version + credits up to step version + eta, from Trainer 0 to every
+        Generator (a colocated one on this rank too: the same edge, delivered in-process)."""
         granted = self.version + self.cfg.mode.eta
         t0 = time.time()
         # A collective learner (Megatron) gathers the LM's shards on every Trainer rank.
-        flat = self.learner.weights() if self.leader or self.local_gen is not None or self.learner.collective else None
-        if self.local_gen is not None:
-            self.local_gen.set_weights(flat, self.version, granted)
-        elif self.leader:
+        flat = self.learner.weights() if self.leader or self.learner.collective else None
+        if self.leader:
             gc = self.cfg.generator
             wire = weights.to_wire(flat, gc.weights_dtype)
             hdr = WeightsHeader(self.version, granted, wire.size, gc.weights_dtype, gc.weights_bucket_mb)
-            for g in self.d.gen_ranks:
+            for g in self.world.gen_ranks:
                 self.transport.send(g, Tag.WEIGHTS, hdr)
-            for g, req in weights.send(self.transport, self.d.gen_ranks, wire, gc.weights_bucket_mb):
+            for g, req in weights.send(self.transport, self.world.gen_ranks, wire, gc.weights_bucket_mb):
                 self.transport.wait(req, self.cfg.runtime.liveness_timeout, g, "weights send")
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version)
 
@@ -255,23 +253,18 @@ class Trainer:
         state = {**self.learner.state(mid_version=self.step_in_version > 0),
                  "version": self.version, "opt_step": self.opt_step, "rows_trained": self.rows_trained,
                  "ledger": self.ledger.to_state(), "history": json.dumps(self.history)}
-        name = f"v{self.version:06d}"
         if self.step_in_version:
             state.update(step_in_version=self.step_in_version, order=json.dumps(self.order),
                          cursor=list(self.cursor))
-            name += f"-s{self.step_in_version:04d}"
-        path = self.ckpt_dir / f"{name}.pt"
-        tmp = path.with_suffix(".tmp")
-        self.learner.save(state, tmp)
-        tmp.rename(path)
-        return path
+        path = self.ckpt_dir / checkpoints.ckpt_name(self.version, self.step_in_version)
+        return checkpoints.publish(self.learner.save, state, path)
 
     def _log_version(self, k: int, arrived: list[ShardReady]) -> None:
         now = time.time()
         rows = self.loss_sums.pop("rows", 0.0) or 1.0
         eps = sum(m.episodes for m in arrived)
         rec = {"version": k + 1, "t": now - self.t0, "version_s": now - self.t_version,
-               "env_steps": sum(m.steps for m in arrived), "rows_trained": self.rows_trained,
+               "env_steps": sum(m.env_steps for m in arrived), "rows_trained": self.rows_trained,
                "episodes": eps, "success": sum(m.successes for m in arrived) / eps if eps else float("nan"),
                "return": sum(m.return_sum for m in arrived) / eps if eps else float("nan"),
                "env_errors": sum(m.env_errors for m in arrived),
@@ -308,21 +301,19 @@ class Trainer:
         if self.leader and self.preemption is not None and self.preemption.requested:
             return work | self._preempt()
         if self.leader:
-            plan = self._next_plan()
-            if plan is not None:
-                for r in self.d.train_ranks[1:]:
-                    self.transport.send(r, Tag.PLAN, plan)
-                self._execute(plan)
+            order = self._next_order()
+            if order is not None:
+                for r in self.world.train_ranks[1:]:
+                    self.transport.send(r, Tag.TRAIN_ORDER, order)
+                self._execute(order)
                 work = True
         else:
-            got = self.transport.poll(Tag.PLAN, self.d.train_ranks[0])
+            got = self.transport.poll(Tag.TRAIN_ORDER, self.world.train_ranks[0])
             if got is not None:
                 work = True
                 if got[1].stop:
                     self.stopping = True
                     self.record_params()
-                    if self.local_gen is not None:
-                        self.local_gen.stop(Stop("trainer stop"))
                     self.done = True
                 else:
                     self._execute(got[1])
@@ -337,33 +328,28 @@ class Trainer:
         if self.learner.collective:
             # A Megatron checkpoint needs every Trainer rank, which only the leader knows of the
             # signal: the job resumes from the last version checkpoint (its ledger re-trains the rest).
-            done = sorted(self.ckpt_dir.glob("v*.pt"), key=ckpt_order)
+            done = checkpoints.all_ckpts(self.ckpt_dir)
             name = done[-1].name if done else "none"
             print(f"[trainer 0] preemption signal: lm_backend=megatron saves no mid-version checkpoint; "
                   f"resume from {name}", flush=True)
-            self.transport.send(0, Tag.CKPT_ACK, name)
+            self.transport.send(0, Tag.CKPT_ACK, CheckpointAck(name))
             return True
         path = self.checkpoint()
         print(f"[trainer 0] preemption signal: checkpoint {path.name} (version {self.version}, "
               f"step {self.step_in_version}, {self.rows_trained} rows trained)", flush=True)
-        self.transport.send(0, Tag.CKPT_ACK, path.name)
+        self.transport.send(0, Tag.CKPT_ACK, CheckpointAck(path.name))
         return True
 
     def _begin_stop(self, reason: str) -> None:
         self.stopping = True
-        for r in self.d.train_ranks[1:]:
-            self.transport.send(r, Tag.PLAN, Plan(self.version, self.opt_step, stop=True))
+        for r in self.world.train_ranks[1:]:
+            self.transport.send(r, Tag.TRAIN_ORDER, TrainOrder(self.version, self.opt_step, stop=True))
         stop = Stop(reason)
-        for r in self.d.sim_ranks:
+        for r in (*self.world.sim_ranks, *self.world.gen_ranks):
             self.transport.send(r, Tag.STOP, stop)
-        for r in self.d.gen_ranks:
-            if r != self.transport.rank:
-                self.transport.send(r, Tag.STOP, stop)
-        if self.local_gen is not None:
-            self.local_gen.stop(stop)
 
     def _maybe_done(self) -> bool:
-        expected = set(self.d.sim_ranks) | set(self.d.gen_ranks)
+        expected = set(self.world.sim_ranks) | set(self.world.gen_ranks)
         if not expected <= self.transport.done_ranks:
             return False
         self.record_params()

@@ -10,7 +10,7 @@ versioned, in buckets, optionally bfloat16 on the wire. numpy only (emulated ran
 - The header (protocol.WeightsHeader) says version, credits, size, wire dtype and bucket size;
   the buckets follow on Tag.WEIGHTS_BUF in order.
 
-`python -m rlvla3.bench weights` measures the cost of a publish vs parameter count and
+`python -m rlvla3.bench weights` (tools/bench_weights.py) measures the cost of a publish vs parameter count and
 Generator count.
 """
 from __future__ import annotations
@@ -18,6 +18,8 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+
+from .protocol import Tag
 
 WIRE_DTYPES = ("float32", "bfloat16")
 
@@ -72,8 +74,6 @@ def buckets(n: int, itemsize: int, bucket_mb: float) -> list[slice]:
 
 def send(transport, dests, wire: np.ndarray, bucket_mb: float) -> list:
     """Start sending every bucket of `wire` to every destination; returns the requests."""
-    from .protocol import Tag
-
     reqs = []
     for sl in buckets(wire.size, wire.itemsize, bucket_mb):
         for d in dests:
@@ -83,75 +83,7 @@ def send(transport, dests, wire: np.ndarray, bucket_mb: float) -> list:
 
 def receive(transport, src: int, wire: np.ndarray, out: np.ndarray, bucket_mb: float, timeout: float) -> None:
     """Receive the buckets of a publish into `wire` and decode each into `out` as it lands."""
-    from .protocol import Tag
-
     for sl in buckets(wire.size, wire.itemsize, bucket_mb):
         req = transport.irecv_buf(src, Tag.WEIGHTS_BUF, wire[sl])
         transport.wait(req, timeout, src, f"weights bucket [{sl.start}:{sl.stop})")
         from_wire(wire[sl], out[sl])
-
-
-# ---------------------------------------------------------------- benchmark (python -m rlvla3.bench weights)
-
-def expected(sl: slice) -> np.ndarray:
-    """The benchmark's parameters, computable anywhere: a sawtooth in [-5, 5)."""
-    return ((np.arange(sl.start, sl.stop) % 1000) - 500).astype(np.float32) * np.float32(0.01)
-
-
-ACK = 98  # benchmark-only tag: a Generator decoded the whole buffer
-
-def bench_worker(sizes: list[int], dtypes: list[str], bucket_mb: float, reps: int) -> None:
-    """One MPI job: rank 0 publishes, every other rank is a Generator. For each size and wire
-    dtype, `reps` publishes are timed from the start of encoding to the last Generator's
-    acknowledgement (its buffer decoded, compared with what was sent); rank 0 prints one JSON
-    line per point with the median time and the largest error any Generator received."""
-    import json
-    import time
-
-    from mpi4py import MPI
-
-    from .transport import Transport
-
-    try:  # the real Trainer and Generators have torch loaded: measure its bfloat16 path
-        import torch  # noqa: F401
-    except ImportError:
-        pass
-    comm = MPI.COMM_WORLD
-    rank, n = comm.Get_rank(), comm.Get_size()
-    names = {r: "trainer0" if r == 0 else "generator" for r in range(n)}
-    peers = tuple(range(1, n)) if rank == 0 else (0,)
-    tr = Transport(comm, names, peers, 120.0, 1.0, 0.0001, 0.001)
-    gens = list(range(1, n))
-    for size in sizes:
-        # Only the publisher holds the parameters; Generators check each value against the
-        # formula, so 16 Generators of 100M parameters fit in memory.
-        flat = expected(slice(0, size)) if rank == 0 else None
-        out = np.empty(size, np.float32)
-        for dtype in dtypes:
-            wire = wire_buffer(out, dtype)
-            times, errors = [], []
-            for _ in range(reps):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                if rank == 0:
-                    w = to_wire(flat, dtype)
-                    for d, req in send(tr, gens, w, bucket_mb):
-                        tr.wait(req, 600.0, d, "weights bucket")
-                    for g in gens:
-                        errors.append(tr.recv(g, ACK, 600.0, "decoded-weights acknowledgement"))
-                    times.append(time.perf_counter() - t0)
-                else:
-                    receive(tr, 0, wire, out, bucket_mb, 600.0)
-                    err = max(float(np.abs(out[sl] - expected(sl)).max()) for sl in buckets(size, 4, 64.0))
-                    tr.send(0, ACK, err)  # what arrived, checked
-            if rank == 0:
-                err = max(errors) / float(np.abs(flat).max())  # largest |received - sent|, relative
-                print(json.dumps({"params": size, "generators": len(gens), "dtype": dtype, "bucket_mb": bucket_mb,
-                                  "seconds": sorted(times)[len(times) // 2], "bytes_per_generator": wire.nbytes,
-                                  "max_rel_error": err}), flush=True)
-    tr.flush(30.0)
-
-
-if __name__ == "__main__":
-    sizes, dtypes, bucket, reps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-    bench_worker([int(float(s)) for s in sizes.split(",")], dtypes.split(","), float(bucket), int(reps))

@@ -13,7 +13,7 @@ Segment `seq` of a group belongs to rollout step `seq // segments_per_step`; the
 serves it only once the Trainer has granted credits up to that step (bounded staleness).
 With `mode.env_level` off, the groups of a rank advance in lockstep (the sync baseline).
 
-Episodic mode (grpo and evaluation, `config.episodic`): a segment holds whole episodes. At each
+Episodic mode (grpo and evaluation, `World.episodic`): a segment holds whole episodes. At each
 segment start the group resets all its envs (grpo training: with one shared seed, so one GRPO
 group = one initial state; evaluation: each env from its own seeds); an env whose episode ended
 records invalid rows until the segment ends; no bootstrap value is needed. Once all of a group's
@@ -27,18 +27,29 @@ import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
 
+from ..config import RunConfig
+from ..envs.hosting import GroupStep, make_vec_env
+from ..world import Group, World, group_seed, spec
 from . import shards
-from .config import Derived, Group, RunConfig, episodic, group_seed, shared_reset
-from .envs import make_vec_env, spec
-from .envs.base import GroupStep
-from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec
+from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec, request_id
 
-# Group states
-RESETTING, SEND, WAIT_ACTION, STEPPING, WAIT_BOOTSTRAP = range(5)
+
+class GroupState(Enum):
+    """Where one env group is in its loop."""
+
+    RESETTING = "resetting"            # envs resetting (segment start in episodic mode, or start-up)
+    SEND = "send"                      # the next observation is ready: ask for an action
+    WAIT_ACTION = "wait_action"        # an ACT request is out
+    STEPPING = "stepping"              # the envs execute the action chunk
+    WAIT_BOOTSTRAP = "wait_bootstrap"  # the segment's last V(s_T) request is out
+
+
+RESETTING, SEND, WAIT_ACTION, STEPPING, WAIT_BOOTSTRAP = GroupState
 
 
 @dataclass
@@ -68,9 +79,9 @@ class SegmentBuffer:
         })
 
 
-def segment_meta(cfg: RunConfig, d: Derived, g: Group, seq: int, rank: int) -> tuple[str, dict]:
+def segment_meta(cfg: RunConfig, world: World, g: Group, seq: int, rank: int) -> tuple[str, dict]:
     """The shard name and attributes of group `g`'s segment `seq` (rollouts and demonstrations)."""
-    step = seq // d.segments_per_step
+    step = seq // world.segments_per_step
     return shards.shard_name(step, g.gid, seq), {
         "producer_rank": rank, "group": g.gid, "seq": seq, "step": step,
         "env_ids": list(range(g.env_offset, g.env_offset + g.size)), "env": cfg.env.name, "task": cfg.env.task}
@@ -87,8 +98,9 @@ class GroupLoop:
     def __init__(self, sim: "Simulator", g: Group, first_seq: int):
         self.sim, self.g = sim, g
         cfg, sp = sim.cfg, sim.spec
-        self.gen_rank = sim.d.gen_ranks[g.gen_index]
-        self.env = make_vec_env(cfg, list(range(g.env_offset, g.env_offset + g.size)), cfg.seed)
+        self.gen_rank = sim.world.gen_rank_of(g)
+        self.env = make_vec_env(cfg, list(range(g.env_offset, g.env_offset + g.size)), cfg.seed,
+                                auto_reset=not sim.world.episodic)
         self.T = cfg.algo.segment_steps
         self.seg = SegmentBuffer.allocate(self.T, g.size, sp)
         self.obs_buf = sim.obs_codec.alloc(g.size)
@@ -99,7 +111,7 @@ class GroupLoop:
         self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
         self.send_req = self.recv_req = None
         self.t_sent = 0.0
-        self.episodic = episodic(cfg)
+        self.episodic = sim.world.episodic
         self.alive = np.ones(g.size, bool)           # episodic: envs still in their episode
         self.reset_digests: list[int] = []
         self.state = RESETTING
@@ -107,7 +119,7 @@ class GroupLoop:
 
     @property
     def step_index(self) -> int:
-        return self.seq // self.sim.d.segments_per_step
+        return self.seq // self.sim.world.segments_per_step
 
     # ------------------------------------------------------------ transitions
     def advance(self, may_send: bool) -> bool:
@@ -134,15 +146,15 @@ class GroupLoop:
         return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
 
     def _start_reset(self) -> None:
-        """`config.shared_reset`: every env of the group from one seed; else each env's own seeds."""
+        """`World.shared_reset`: every env of the group from one seed; else each env's own seeds."""
         self.alive[:] = True
-        shared = shared_reset(self.sim.cfg)
+        shared = self.sim.world.shared_reset
         self.env.start_reset(group_seed(self.sim.cfg, self.g.gid, self.seq) if shared else None)
 
     def _send_request(self, kind: Kind) -> None:
         if self.send_req is not None:
             self.sim.transport.wait(self.send_req, self.sim.cfg.runtime.liveness_timeout, self.gen_rank, "obs send")
-        header = (self.g.gid, self.seq * (self.T + 1) + self.t, self.step_index, int(kind))
+        header = (self.g.gid, request_id(self.seq, self.t, self.T), self.step_index, int(kind))
         self.sim.obs_codec.pack(self.obs_buf, header, self.cur)
         self.recv_req = self.sim.transport.irecv_buf(self.gen_rank, Tag.ACTION + self.g.gid, self.reply_buf)
         self.send_req = self.sim.transport.isend_buf(self.gen_rank, Tag.OBS + self.g.gid, self.obs_buf)
@@ -177,7 +189,7 @@ class GroupLoop:
                 m.span("reset", time.time(), out.reset_s, gid=self.g.gid)
             self._count_episodes(out)
             self.t += 1
-            if self.episodic and not self.alive.any() and self.sim.cfg.mode.env_level:
+            if self.episodic and not self.alive.any() and not self.sim.world.lockstep:
                 self._pad_segment()
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
         if self.state == RESETTING and self.episodic:
@@ -234,8 +246,8 @@ class GroupLoop:
 
 
 class Simulator:
-    def __init__(self, cfg: RunConfig, d: Derived, transport, metrics, run_dir: Path):
-        self.cfg, self.d, self.transport, self.metrics = cfg, d, transport, metrics
+    def __init__(self, cfg: RunConfig, world: World, transport, metrics, run_dir: Path):
+        self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
         self.rank = transport.rank
         self.spec = spec(cfg)
         self.obs_codec, self.act_codec = obs_codec(self.spec), action_codec(self.spec)
@@ -243,7 +255,7 @@ class Simulator:
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         published = shards.scan(self.shards_dir)
         self.groups = []
-        for g in d.groups_of_sim(self.rank):
+        for g in world.groups_of_sim(self.rank):
             first_seq = sum(1 for n in published if shards.parse_name(n)[1] == g.gid)  # resume after restart
             self.groups.append(GroupLoop(self, g, first_seq))
         # Shards are written by one background thread (zarr compresses and writes without
@@ -260,7 +272,7 @@ class Simulator:
             return False
         work = self._announce_written()
         # Lockstep (sync): a group sends only when every group of the rank has its next obs ready.
-        may_send = self.cfg.mode.env_level or all(g.state == SEND for g in self.groups)
+        may_send = not self.world.lockstep or all(g.state == SEND for g in self.groups)
         for g in self.groups:
             work |= g.advance(may_send)
         got = self.transport.poll(Tag.STOP)
@@ -273,22 +285,20 @@ class Simulator:
         return min((t for t in (g.deadline() for g in self.groups) if t is not None), default=None)
 
     def describe(self) -> str:
-        names = ["RESETTING", "SEND", "WAIT_ACTION", "STEPPING", "WAIT_BOOTSTRAP"]
-        return ("simulator groups: " + ", ".join(f"g{g.g.gid}:{names[g.state]}@seq{g.seq}t{g.t}" for g in self.groups)
+        return ("simulator groups: " + ", ".join(f"g{g.g.gid}:{g.state.name}@seq{g.seq}t{g.t}" for g in self.groups)
                 + f"; {len(self.writing)} shard(s) being written")
 
     def publish(self, group: GroupLoop, bootstrap: np.ndarray) -> None:
         """Hand the finished segment to the writer; the group records into a fresh buffer."""
         g = group.g
-        name, attrs = segment_meta(self.cfg, self.d, g, group.seq, self.rank)
+        name, attrs = segment_meta(self.cfg, self.world, g, group.seq, self.rank)
         arrays = group.seg.arrays
         group.seg = SegmentBuffer.allocate(group.T, g.size, self.spec)
         if group.episodic:
             attrs["reset_digests"] = group.reset_digests
         v = arrays["versions"]
         msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
-                         group.stats["episodes"], group.stats["successes"], group.stats["return_sum"],
-                         group.stats["env_errors"], self.rank, int(arrays["env_steps"].sum()))
+                         env_steps=int(arrays["env_steps"].sum()), sim_rank=self.rank, **group.stats)
         self.writing.append((self.writer.submit(self._write, name, arrays, bootstrap, attrs), msg))
 
     def _write(self, name, arrays, bootstrap, attrs) -> tuple[float, float]:
@@ -305,8 +315,8 @@ class Simulator:
             fut, msg = self.writing.popleft()
             t0, seconds = fut.result()
             self.metrics.span("shard_write", t0, seconds, gid=msg.gid)
-            for tr in self.d.train_ranks:
-                self.transport.send(tr, Tag.SHARD_READY, msg)
+            for rank in self.world.train_ranks:
+                self.transport.send(rank, Tag.SHARD_READY, msg)
             work = True
         return work
 
@@ -331,7 +341,7 @@ class Simulator:
             if g.send_req is not None:
                 self.transport.wait(g.send_req, self.cfg.runtime.shutdown_timeout, g.gen_rank, "final obs send")
         done = Done(self.rank, "simulator")
-        peers = {self.d.gen_ranks[g.g.gen_index] for g in self.groups} | set(self.d.train_ranks)
+        peers = {g.gen_rank for g in self.groups} | set(self.world.train_ranks)
         for r in sorted(peers):
             self.transport.send(r, Tag.DONE, done)
         for g in self.groups:

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import config
-from .metrics import read_spans
-from .planner import PlannerError, Profile, expected_max_lognormal
+from .. import config
+from ..engine.metrics import read_spans
+from .analytic import expected_max_lognormal
+from .profile import PlannerError, Profile
 
 MIN_SPANS = 5
 """Fewer spans of a kind than this cannot be fitted: the run was too short."""

@@ -1,0 +1,52 @@
+"""A run's config composed with Hydra from conf/ (the schema underneath), and its run folder.
+
+`compose(overrides)` gives the `RunConfig` a launch with those overrides would run, without
+starting anything (tools, tests, benchmarks); `prepare_run_dir` validates it (`world.derive`)
+and writes the run folder every rank reads.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    from ..config import RunConfig
+
+    # The dataclasses are frozen (role code must not mutate config), which makes their OmegaConf
+    # nodes read-only, while Hydra composes by merging into the schema. So Hydra gets the schema's
+    # keys and defaults in struct mode (unknown keys fail at compose); `to_config` then checks
+    # types against the dataclasses.
+    node = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(RunConfig)))
+    OmegaConf.set_struct(node, True)
+    ConfigStore.instance().store(name="rlvla3_schema", node=node)
+
+
+def compose(overrides: list[str] | None = None):
+    """RunConfig from conf/ plus Hydra-style overrides, without starting anything (tests, bench)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from ..config import to_config
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return to_config(hydra_compose(config_name="config", overrides=list(overrides or [])))
+
+
+def prepare_run_dir(cfg, run_dir: Path):
+    """Validate, then write the run folder (resolved config). Returns (cfg, world)."""
+    from .. import config
+    from ..engine import shards
+    from ..world import derive
+
+    world = derive(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = config.replace(cfg, run_dir=str(run_dir))
+    if cfg.resume:
+        shards.clean_partial(run_dir / "shards")  # temporaries of writers that died
+    config.save(cfg, run_dir)
+    return cfg, world

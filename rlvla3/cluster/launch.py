@@ -1,0 +1,84 @@
+"""`python -m rlvla3.launch [overrides]`: compose the config (Hydra), validate it, write the run
+folder, and start every rank of the run.
+
+Config groups: env, policy, algo, mode, cluster (see conf/). `cluster=local` (the default) runs
+all ranks on this machine through mpiexec. Any other cluster submits one Slurm heterogeneous job
+(cluster/slurm.py) and waits for it; `-m` sweeps go through the project's Hydra launcher plugin
+(hydra_plugins/rlvla3_launcher), one het job per sweep point. `cluster.dry_run=true` prints the
+batch file instead of submitting. A bad config fails here, before any rank starts or any job is
+submitted, with a message naming the field.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .compose import CONF_DIR, prepare_run_dir, register_schema
+from .local import cpu_warning, mpi_env, mpiexec_command
+
+
+def run_slurm(cfg, run_dir: Path, job_name: str = "rlvla3") -> int:
+    """Submit the run as one het job and wait for it; 0 on success. Logs are in run_dir/slurm/."""
+    from ..world import gpu_ranks
+    from . import slurm
+
+    cfg, _ = prepare_run_dir(cfg, run_dir)
+    job = slurm.submit(cfg, run_dir, job_name)
+    print(f"submitted Slurm het job {job.job_id}: {cfg.cluster.sim_ranks} Simulator + "
+          f"{gpu_ranks(cfg)} GPU ranks; logs in {run_dir / 'slurm'}", flush=True)
+    t0 = time.time()
+    try:
+        slurm.wait(job, cfg.cluster.poll_s)
+    except Exception as e:  # submitit's UncompletedJobError / FailedJobError, with the rank's traceback
+        print(f"Slurm job {job.job_id} FAILED after {time.time() - t0:.0f}s: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"Slurm job {job.job_id} finished in {time.time() - t0:.1f}s; run folder: {run_dir}", flush=True)
+    return 0
+
+
+def _main(dcfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from .. import config
+    from ..world import derive, plan_table
+
+    try:
+        cfg = config.to_config(dcfg)
+        run_dir = Path(cfg.run_dir or HydraConfig.get().runtime.output_dir)
+        world = derive(cfg)
+    except config.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if cfg.cluster.name != "local":
+        from . import slurm
+        print(plan_table(world))
+        if cfg.cluster.dry_run:
+            print(f"# dry run (cluster.dry_run=true): the batch file for {run_dir}\n")
+            print(slurm.dry_run_text(cfg, run_dir))
+            sys.exit(0)
+        sys.exit(run_slurm(cfg, run_dir))
+    cfg, world = prepare_run_dir(cfg, run_dir)
+    print(f"run folder: {run_dir}")
+    print(plan_table(world))
+    warn = cpu_warning(cfg, world)
+    if warn:
+        print(warn)
+    cmd = mpiexec_command(cfg, world.size, run_dir)
+    print("$ " + " ".join(cmd), flush=True)
+    t0 = time.time()
+    rc = subprocess.run(cmd, env=mpi_env(), timeout=cfg.runtime.max_wall).returncode
+    print(f"{'finished' if rc == 0 else f'FAILED (exit {rc})'} in {time.time() - t0:.1f}s; run folder: {run_dir}")
+    sys.exit(rc)
+
+
+def main() -> None:
+    import hydra
+
+    register_schema()
+    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_main)()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Checkpoint files of a run: their names, their order, and how one is published.
+
+A Trainer writes `ckpt/v000012.pt` at the end of version 12 and, on a preemption signal,
+`ckpt/v000012-s0005.pt` after optimizer step 5 of version 12. The learner decides the file's
+format (torch.save for torch policies, npz for the emulated one); this module only names, orders
+and publishes: a checkpoint is written under a temporary name and renamed into place, so a
+reader never sees half a file.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def ckpt_order(path: Path) -> tuple[int, int]:
+    """v000012.pt -> (12, 0); v000012-s0005.pt -> (12, 5): later checkpoints sort last."""
+    m = re.fullmatch(r"v(\d+)(?:-s(\d+))?\.pt", path.name)
+    return (int(m.group(1)), int(m.group(2) or 0)) if m else (-1, -1)
+
+
+def ckpt_name(version: int, step_in_version: int = 0) -> str:
+    """The file name of the checkpoint after `step_in_version` optimizer steps of `version`."""
+    return f"v{version:06d}" + (f"-s{step_in_version:04d}" if step_in_version else "") + ".pt"
+
+
+def all_ckpts(ckpt_dir: Path) -> list[Path]:
+    """Every checkpoint of a run, oldest first."""
+    return sorted(ckpt_dir.glob("v*.pt"), key=ckpt_order)
+
+
+def publish(save, state: dict, path: Path) -> Path:
+    """save(state, tmp) then rename tmp -> path (atomic within the folder)."""
+    tmp = path.with_suffix(".tmp")
+    save(state, tmp)
+    tmp.rename(path)
+    return path

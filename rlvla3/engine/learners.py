@@ -1,0 +1,92 @@
+"""The Trainer's compute half: what a learner is, and the emulated one.
+
+The Trainer (trainer.py) decides *what* each optimizer step trains and owns versions, credits,
+the ledger and logs; a learner decides *how*. Two learners share one interface:
+`torch_learner.TorchLearner` (torch policies) and `EmulatedLearner` below (numpy only: it sleeps
+for the profiled cost, so Trainer ranks can be emulated without torch).
+
+    connect(transport, train_ranks)      data-parallel group (Trainer 0 picks the address)
+    preload(name)                        read a shard ahead of its optimizer step (overlap)
+    bad                                  shards found corrupt (quarantined, trained as absent)
+    train(slices, version) -> totals     one optimizer step; totals = [rows, *LOSS_KEYS] summed
+                                         over all Trainers (identical on every Trainer)
+    forget(names)                        drop rows of a finished rollout step
+    new_version()                        freeze π_prox for the rollout step that starts
+    weights() -> float32[n]              flat parameters to publish
+    state(mid_version) / load_state(s)   the learner's part of a checkpoint
+    save(state, path) / load(path)       the checkpoint file format
+    digest()                             sha256 of the parameters (DP ranks must agree)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+# The loss terms a learner sums per optimizer step, after the row count (algo.LossTerms' fields).
+LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
+
+
+def _sleep_ms(ms: float) -> None:
+    if ms > 0:
+        time.sleep(ms / 1000.0)
+
+
+class EmulatedLearner:
+    """Same interface as torch_learner.TorchLearner; shards are never read (their rows are counted from
+    the announcements), and the "weights" are a counter of optimizer steps."""
+
+    def __init__(self, cfg, spec, metrics, n_trainers: int, index: int):
+        self.cfg, self.metrics, self.n, self.index = cfg, metrics, n_trainers, index
+        self.dp_size, self.dp_index, self.collective = n_trainers, index, False
+        self.bad: set[str] = set()
+        self.params = np.zeros(cfg.policy.emulated_params, np.float32)
+        self.rows_per_s = cfg.policy.train_samples_per_s * cfg.algo.update_epochs
+
+    def connect(self, transport, train_ranks) -> None:
+        pass  # the step's cost is known from the plan: no collective needed to wait for the slowest
+
+    def preload(self, name: str) -> None:
+        pass
+
+    def forget(self, names) -> None:
+        pass
+
+    def new_version(self) -> None:
+        pass
+
+    def train(self, slices, version: int, opt_step: int = 1) -> np.ndarray:
+        per_owner = Counter()
+        for s in slices:
+            per_owner[s.owner] += s.stop - s.start
+        _sleep_ms(max(per_owner.values(), default=0) / self.rows_per_s * 1000.0)
+        self.params[0] += 1.0
+        return np.array([sum(per_owner.values())] + [0.0] * len(LOSS_KEYS), np.float64)
+
+    def weights(self) -> np.ndarray:
+        _sleep_ms(self.cfg.policy.weight_sync_ms)
+        return self.params
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.params.tobytes()).hexdigest()
+
+    def state(self, mid_version: bool) -> dict:
+        return {"params": self.params.copy()}
+
+    def load_state(self, state: dict) -> None:
+        self.params[:] = state["params"]
+
+    def save(self, state: dict, path: Path) -> None:
+        """The parameters as an array, everything else (counters, ledger, plan state) as JSON."""
+        rest = {k: v for k, v in state.items() if k != "params"}
+        with open(path, "wb") as f:
+            np.savez(f, params=state["params"], rest=np.array(json.dumps(rest)))
+
+    @staticmethod
+    def load(path: Path) -> dict:
+        with np.load(path, allow_pickle=False) as z:
+            return {"params": z["params"].copy(), **json.loads(str(z["rest"]))}

@@ -1,0 +1,297 @@
+"""How a Simulator hosts envs: one env as an `Episode`, a group of them in-process or one spawned
+child process per env, and `make_vec_env`, which picks between the two.
+
+`Episode` wraps one env: executes an action chunk (K actions, one env step each, stopping at
+episode end), counts steps, truncates at the horizon, auto-resets at episode end (timing the
+reset apart from the step), draws per-episode seeds, and turns an exception in the env into a
+truncated episode (counted) instead of a crash. Episodic mode (grpo): no auto-reset; an ended
+episode ignores further chunks until the group resets all its envs with one shared seed.
+
+A group (`LocalVecEnv` in-process, `ProcessVecEnv` one spawned child per env) is driven
+without blocking: start_step(actions) ... ready() ... result(). A child that exceeds the step or
+reset timeout, or dies, is killed and restarted; its episode is marked truncated.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import env_dims, in_process, make_env, tokenize
+from .base import Obs, StepOut
+
+
+def episode_seed(base: int, env_id: int, episode: int) -> int:
+    return (base * 1_000_003 + env_id * 10_007 + episode) % (2**31 - 1)
+
+
+class Episode:
+    """One env with horizon, chunk execution, auto-reset and error containment."""
+
+    def __init__(self, cfg, env_id: int, seed: int, auto_reset: bool):
+        self.env = make_env(cfg, env_id)
+        self.horizon = cfg.env.horizon
+        self.auto_reset = auto_reset
+        self.env_id, self.seed = env_id, seed
+        self.episode, self.t = 0, 0
+        self.ended = False
+        self.last_obs: Obs | None = None
+
+    def reset(self, seed: int | None = None) -> Obs:
+        """Start an episode: from `seed` when given (grpo: one seed for a whole group), else from
+        this env's own per-episode seed."""
+        self.t, self.ended = 0, False
+        obs = self.env.reset(episode_seed(self.seed, self.env_id, self.episode) if seed is None else seed)
+        self.episode += 1
+        self.last_obs = obs
+        return obs
+
+    def step(self, actions: np.ndarray | None) -> StepOut:
+        """Execute the chunk `actions` [K, A] (or one action [A]) until it ends or the episode does.
+        None: one step of the env's scripted expert (demonstrations); StepOut.actions says what ran."""
+        expert = actions is None
+        chunk = [None] if expert else np.asarray(actions, np.float32).reshape(-1, np.shape(actions)[-1])
+        if self.ended:   # episodic: wait for the group's reset
+            return StepOut(self.last_obs, 0.0, False, False, False, False, 0.0, 0.0, 0.0, steps=0)
+        reward = delay = step_s = 0.0
+        obs, terminated, truncated, success, error, steps = self.last_obs, False, False, False, False, 0
+        ran = []
+        for action in chunk:
+            t0 = time.perf_counter()
+            try:
+                action = np.clip(self.env.expert_action() if expert else action, -1.0, 1.0)
+                ran.append(action)
+                obs, r, terminated, success, d = self.env.step(action)
+            except Exception:
+                traceback.print_exc()
+                obs, r, terminated, success, d, error = self.last_obs, 0.0, False, False, 0.0, True
+            step_s += time.perf_counter() - t0
+            reward, delay, steps, self.t = reward + r, delay + d, steps + 1, self.t + 1
+            truncated = error or (not terminated and self.t >= self.horizon)
+            self.last_obs = obs
+            if terminated or truncated:
+                break
+        reset_s = 0.0
+        if terminated or truncated:
+            if self.auto_reset:
+                t1 = time.perf_counter()
+                obs = self.reset()
+                reset_s = time.perf_counter() - t1
+                delay += getattr(self.env, "reset_delay", 0.0)
+            else:
+                self.ended = True
+        return StepOut(obs, float(reward), bool(terminated), bool(truncated), bool(success), error,
+                       step_s, reset_s, delay, steps, np.array(ran, np.float32) if expert else None)
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close:
+            close()
+
+
+@dataclass
+class GroupStep:
+    """Result of one step of a whole group, arrays over its n envs."""
+
+    images: np.ndarray
+    proprio: np.ndarray
+    tokens: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    success: np.ndarray
+    errors: int
+    env_steps: np.ndarray    # int16 [n]: env steps each env executed
+    actions: np.ndarray | None   # expert steps: float32 [n, A] the experts' actions (0 if none ran)
+    step_s: float            # max over envs
+    reset_s: float           # sum over envs that reset
+
+
+class _GroupBase:
+    def __init__(self, cfg, env_ids: list[int], seed: int, auto_reset: bool):
+        self.cfg, self.env_ids, self.seed, self.auto_reset = cfg, list(env_ids), seed, auto_reset
+        self.action_dim = env_dims(cfg).action_dim
+        self._tok: dict[str, np.ndarray] = {}
+
+    def tokens(self, text: str) -> np.ndarray:
+        if text not in self._tok:
+            self._tok[text] = tokenize(text, self.cfg.policy.instruction_len, self.cfg.policy.vocab)
+        return self._tok[text]
+
+    def gather(self, outs: list[StepOut]) -> GroupStep:
+        return GroupStep(
+            images=np.stack([o.obs.images for o in outs]),
+            proprio=np.stack([o.obs.proprio for o in outs]).astype(np.float32),
+            tokens=np.stack([self.tokens(o.obs.instruction) for o in outs]),
+            reward=np.array([o.reward for o in outs], np.float32),
+            terminated=np.array([o.terminated for o in outs]),
+            truncated=np.array([o.truncated for o in outs]),
+            success=np.array([o.success for o in outs]),
+            errors=sum(o.error for o in outs),
+            env_steps=np.array([o.steps for o in outs], np.int16),
+            actions=(np.stack([o.actions[0] if o.actions is not None and len(o.actions) else np.zeros(self.action_dim, np.float32)
+                               for o in outs]) if any(o.actions is not None for o in outs) else None),
+            step_s=max(o.step_s for o in outs),
+            reset_s=sum(o.reset_s for o in outs),
+        )
+
+    @staticmethod
+    def first(obs: list[Obs]) -> list[StepOut]:
+        return [StepOut(o, 0.0, False, False, False, False, 0.0, 0.0, 0.0, steps=0) for o in obs]
+
+
+class LocalVecEnv(_GroupBase):
+    """Envs stepped inside the Simulator rank (cheap envs). Emulated latency is honoured
+    without sleeping: the result becomes ready when its delay has passed."""
+
+    def __init__(self, cfg, env_ids, seed, auto_reset):
+        super().__init__(cfg, env_ids, seed, auto_reset)
+        self.eps = [Episode(cfg, i, seed, auto_reset) for i in self.env_ids]
+        self._out: list[StepOut] | None = None
+        self._ready_at = 0.0
+
+    def start_reset(self, seed: int | None = None) -> None:
+        self._out = self.first([e.reset(seed) for e in self.eps])
+        self._ready_at = time.monotonic()
+
+    def start_step(self, actions: np.ndarray | None) -> None:
+        """actions [n, K, A], or None: every env's scripted expert takes one step."""
+        chunks = [None] * len(self.eps) if actions is None else actions
+        self._out = [e.step(a) for e, a in zip(self.eps, chunks)]
+        self._ready_at = time.monotonic() + max(o.delay_s for o in self._out)
+
+    def ready(self) -> bool:
+        return self._out is not None and time.monotonic() >= self._ready_at
+
+    def deadline(self) -> float | None:
+        """When the pending result becomes ready (monotonic), if one is pending."""
+        return self._ready_at if self._out is not None else None
+
+    def result(self) -> GroupStep:
+        out, self._out = self._out, None
+        return self.gather(out)
+
+    def close(self) -> None:
+        for e in self.eps:
+            e.close()
+
+
+def _worker(conn, cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -> None:
+    """Child process: host one env and answer ('reset',) / ('step', action) / ('close',)."""
+    ep = Episode(cfg, env_id, seed, auto_reset)
+    ep.episode = episode
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "close":
+            ep.close()
+            conn.close()
+            return
+        if cmd[0] == "reset":
+            conn.send(ep.reset(cmd[1]))
+        else:
+            out = ep.step(cmd[1])
+            conn.send(out)
+
+
+class ProcessVecEnv(_GroupBase):
+    """One spawned child process per env; a hung or dead child is killed and restarted."""
+
+    def __init__(self, cfg, env_ids, seed, auto_reset):
+        super().__init__(cfg, env_ids, seed, auto_reset)
+        self.ctx = mp.get_context("spawn")
+        self.procs: list = [None] * len(self.env_ids)
+        self.conns: list = [None] * len(self.env_ids)
+        self.restarts = [0] * len(self.env_ids)
+        self._pending: dict[int, tuple[str, float]] = {}   # env index -> (kind, deadline)
+        self._out: list[StepOut | None] = [None] * len(self.env_ids)
+        for k in range(len(self.env_ids)):
+            self._spawn(k)
+
+    def _spawn(self, k: int) -> None:
+        parent, child = self.ctx.Pipe()
+        # A restarted env continues with fresh episode seeds instead of replaying old ones.
+        p = self.ctx.Process(target=_worker, args=(child, self.cfg, self.env_ids[k], self.seed, self.auto_reset,
+                                                    1000 * self.restarts[k]),
+                             daemon=True, name=f"env{self.env_ids[k]}")
+        p.start()
+        child.close()
+        self.procs[k], self.conns[k] = p, parent
+
+    def _kill(self, k: int) -> None:
+        p = self.procs[k]
+        if p is not None and p.is_alive():
+            p.kill()
+        if p is not None:
+            p.join(timeout=5)
+        self.conns[k].close()
+
+    def start_reset(self, seed: int | None = None) -> None:
+        deadline = time.monotonic() + self.cfg.env.reset_timeout
+        for k, c in enumerate(self.conns):
+            c.send(("reset", seed))
+            self._pending[k] = ("reset", deadline)
+
+    def start_step(self, actions: np.ndarray | None) -> None:
+        """actions [n, K, A], or None: every env's scripted expert takes one step."""
+        deadline = time.monotonic() + self.cfg.env.step_timeout
+        for k, c in enumerate(self.conns):
+            c.send(("step", None if actions is None else np.asarray(actions[k], np.float32)))
+            self._pending[k] = ("step", deadline)
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        for k, (kind, deadline) in list(self._pending.items()):
+            try:
+                has = self.conns[k].poll()
+                msg = self.conns[k].recv() if has else None
+            except (EOFError, OSError):
+                has, msg = False, None
+                deadline = 0.0  # the child died: restart now
+            if has:
+                self._out[k] = self.first([msg])[0] if kind in ("reset", "restart") and isinstance(msg, Obs) else msg
+                if kind == "restart":
+                    o = self._out[k]
+                    self._out[k] = StepOut(o.obs, 0.0, False, True, False, True, 0.0, 0.0, 0.0, steps=0)
+                del self._pending[k]
+            elif now > deadline:
+                self._restart(k, kind)
+        return not self._pending
+
+    def deadline(self) -> float | None:
+        return None  # results arrive from the children; nothing is due at a known time
+
+    def _restart(self, k: int, kind: str) -> None:
+        print(f"[env {self.env_ids[k]}] child process {'died' if not self.procs[k].is_alive() else 'timed out'} "
+              f"during {kind}; restarting it (episode truncated)", flush=True)
+        self._kill(k)
+        self.restarts[k] += 1
+        self._spawn(k)
+        self.conns[k].send(("reset", None))
+        self._pending[k] = ("restart", time.monotonic() + self.cfg.env.reset_timeout)
+
+    def result(self) -> GroupStep:
+        out, self._out = self._out, [None] * len(self.env_ids)
+        return self.gather(out)
+
+    def close(self) -> None:
+        for k, c in enumerate(self.conns):
+            try:
+                c.send(("close",))
+            except OSError:
+                pass
+        for k, p in enumerate(self.procs):
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+
+def make_vec_env(cfg, env_ids: list[int], seed: int, *, auto_reset: bool):
+    """A group of envs: in-process (`envs.in_process`), else one spawned child process per env (a
+    GL context per process, killable on a hang). `auto_reset`: an env whose episode ended resets
+    at once; off (episodic runs), it waits for the group's next `start_reset`."""
+    cls = LocalVecEnv if in_process(cfg) else ProcessVecEnv
+    return cls(cfg, env_ids, seed, auto_reset)

@@ -1,0 +1,42 @@
+"""What a policy family samples per observation (the layout a shard keeps to recompute log pi)
+and the token-to-action map of the discrete families. numpy only: Simulators, the wire codecs
+and emulated ranks read it without torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Families whose action is a flow-matching denoising chain; every other family samples tokens.
+CHAIN_FAMILIES = ("pi0",)
+
+
+@dataclass(frozen=True)
+class SampleLayout:
+    """What one forward samples per observation, i.e. what a shard must keep for the Trainer to
+    recompute log pi(sample | obs) (shards.py documents the arrays):
+    - token families (tiny, openvla, emulated): action token ids int32 [K*D] (chunk-major), drawn
+      by Gumbel-max from uniform noise [K*D, bins];
+    - chain families (pi0): the denoising chain float32 [S+1, K, D] (x_0 = initial noise, x_S =
+      the executed chunk), drawn from standard-normal noise of the same shape.
+    A Generator draws the noise per request (seeded), so a sample never depends on its batch."""
+
+    chunk: int
+    action_dim: int
+    shape: tuple[int, ...]
+    dtype: str
+    noise_shape: tuple[int, ...]
+    noise: str            # uniform | normal
+
+
+def sample_layout(pcfg, action_dim: int) -> SampleLayout:
+    k = pcfg.chunk
+    if pcfg.name in CHAIN_FAMILIES:
+        shape = (pcfg.denoise_steps + 1, k, action_dim)
+        return SampleLayout(k, action_dim, shape, "float32", shape, "normal")
+    return SampleLayout(k, action_dim, (k * action_dim,), "int32", (k * action_dim, pcfg.action_bins), "uniform")
+
+
+def tokens_to_actions(tokens: np.ndarray, bins: int, chunk: int, action_dim: int) -> np.ndarray:
+    """Action token ids [n, K*D] -> env action chunks [n, K, D]: bin b -> 2b/(bins-1) - 1."""
+    return (tokens.astype(np.float32) / (bins - 1) * 2.0 - 1.0).reshape(-1, chunk, action_dim)

@@ -1,0 +1,335 @@
+"""`python -m rlvla3.bench throughput [--env emulated|robosuite|toy] [--ladder] [overrides...]`
+   `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
+   `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
+   `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...] [--episodes 10] [overrides...]`
+
+Runs the same workload in several modes back to back, in one process, and prints for each:
+steady-state env steps/s (versions after the first), the ratio to the best sync baseline,
+pipeline efficiency (achieved / the slowest stage's measured capacity), and CPU-seconds per
+role. `--ladder` measures the paper's ablation: sync colocated and disaggregated, then
++overlap, +dynamic batching (env-level), +streaming (eta = 0), then eta = 1 and eta = 2.
+
+The default workload is the emulated simulator with heavy-tailed step latency and slow resets
+(no CPU spent simulating, so the numbers measure the runtime, not this machine's cores).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+from ..cluster.compose import compose
+from ..cluster.local import cpu_warning, run_local
+from ..engine.metrics import read_summaries, steady_throughput
+from ..world import derive, sharding_plan
+
+WORKLOADS = {
+    "emulated": ["env=emulated", "env.num_envs=16", "cluster.sim_ranks=2", "sharding.groups_per_rank=4", "algo.segment_steps=16",
+                 "algo.rollout_batch=256", "algo.global_batch=128", "algo.micro_batch=64", "algo.max_versions=6",
+                 "policy.patch=8", "generator.b_max=16", "generator.t_max_ms=5"],
+    "robosuite": ["env=robosuite_lift", "env.num_envs=2", "algo.segment_steps=16", "algo.rollout_batch=64",
+                  "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=5", "sharding.groups_per_rank=2",
+                  "generator.b_max=2"],
+    "toy": ["+experiment=toy", "algo.max_versions=6", "algo.update_epochs=1"],
+}
+
+SYNC = ["mode=sync"]
+RUNGS_BASIC = [
+    ("sync colocated", [*SYNC, "mode.placement=colocated"]),
+    ("sync disaggregated", SYNC),
+    ("async eta=1", ["mode=async", "mode.eta=1"]),
+]
+RUNGS_LADDER = [
+    ("sync colocated", [*SYNC, "mode.placement=colocated"]),
+    ("sync disaggregated", SYNC),
+    ("+overlap", [*SYNC, "mode.overlap=true"]),
+    ("+dynamic batching", [*SYNC, "mode.overlap=true", "mode.env_level=true"]),
+    ("+streaming (eta=0)", ["mode=async", "mode.eta=0"]),
+    ("eta=1", ["mode=async", "mode.eta=1"]),
+    ("eta=2", ["mode=async", "mode.eta=2"]),
+]
+
+
+def read_metrics(run: Path) -> tuple[dict, dict]:
+    """(cpu seconds per role, span totals per name summed over ranks)."""
+    cpu, spans = defaultdict(float), defaultdict(lambda: [0, 0.0])
+    for rec in read_summaries(run):
+        cpu[rec["role"]] += rec["cpu_s"] + rec["cpu_children_s"]
+        for name, (n, s) in rec["spans"].items():
+            spans[name][0] += n
+            spans[name][1] += s
+    return dict(cpu), dict(spans)
+
+
+def stage_capacities(cfg, spans: dict, history: list[dict]) -> dict[str, float]:
+    """Samples/s each stage could sustain alone, from measured busy time."""
+    out = {}
+    rows = sum(h["env_steps"] for h in history)
+    if spans.get("infer", [0, 0])[1] > 0:
+        samples = rows * (1 + 1 / cfg.algo.segment_steps)  # + bootstrap requests
+        out["generator"] = samples / spans["infer"][1] * cfg.cluster.gen_ranks
+    if spans.get("train", [0, 0])[1] > 0:
+        out["trainer"] = rows * cfg.algo.update_epochs / spans["train"][1] * cfg.cluster.train_ranks
+    e = cfg.env
+    if e.name == "emulated":
+        import math
+
+        per_step = e.step_ms / 1e3 * math.exp(e.step_sigma ** 2 / 2) + e.reset_ms / 1e3 / e.horizon
+        out["simulator"] = e.num_envs / per_step
+    elif spans.get("sim_step", [0, 0])[0]:
+        n, s = spans["sim_step"]
+        per_step = s / n + spans.get("reset", [0, 0.0])[1] / max(rows, 1)
+        cores = cfg.cluster.cores or os.cpu_count() or 1
+        out["simulator"] = min(e.num_envs, cores) / per_step if sharding_plan(cfg) else float("nan")
+    return out
+
+
+def measure(label: str, overrides: list[str], root: Path, timeout: float) -> dict:
+    cfg = compose([*overrides, "runtime.tensorboard=false", "runtime.progress=false"])
+    run = root / label.replace(" ", "_").replace("+", "p").replace("(", "").replace(")", "").replace("=", "")
+    proc = run_local(cfg, run, timeout=timeout, capture=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label}: run failed (exit {proc.returncode})\n{proc.stderr[-3000:]}")
+    summary = json.loads((run / "summary.json").read_text())
+    cpu, spans = read_metrics(run)
+    thr = steady_throughput(summary["history"])
+    caps = stage_capacities(cfg, spans, summary["history"])
+    slowest = min(caps.values()) if caps else float("nan")
+    return {"label": label, "steps_per_s": thr, "capacity": caps, "efficiency": thr / slowest,
+            "cpu_s": cpu, "run": str(run), "warning": cpu_warning(cfg, derive(cfg))}
+
+
+def report(results: list[dict]) -> str:
+    sync = [r for r in results if r["label"].startswith("sync")]
+    best = max(sync, key=lambda r: r["steps_per_s"]) if sync else results[0]
+    lines = [f"{'configuration':24s} {'steps/s':>9s} {'vs best sync':>13s} {'pipeline eff.':>14s}  "
+             f"CPU-s per role (bottleneck capacities, samples/s)"]
+    for r in results:
+        cpu = " ".join(f"{k}={v:.1f}" for k, v in sorted(r["cpu_s"].items()))
+        caps = " ".join(f"{k}={v:.0f}" for k, v in sorted(r["capacity"].items()))
+        lines.append(f"{r['label']:24s} {r['steps_per_s']:9.1f} {r['steps_per_s'] / best['steps_per_s']:12.2f}x "
+                     f"{r['efficiency']:13.0%}  {cpu} ({caps})")
+    asyncs = [r for r in results if not r["label"].startswith("sync")]
+    if asyncs:
+        top = max(asyncs, key=lambda r: r["steps_per_s"])
+        lines.append(f"headline: {top['label']} / best sync ({best['label']}) = "
+                     f"{top['steps_per_s'] / best['steps_per_s']:.2f}x ({(top['steps_per_s'] / best['steps_per_s'] - 1):+.1%})")
+    warnings = {r["warning"] for r in results if r["warning"]}
+    lines += sorted(warnings)
+    return "\n".join(lines)
+
+
+def weights_bench(a) -> int:
+    """Publish cost (encode, bucketed MPI transfer to every Generator, decode) vs parameter count
+    and Generator count, one mpiexec job per Generator count (tools/bench_weights.py)."""
+    import subprocess
+
+    from ..cluster.local import mpi_env
+
+    rows = []
+    print(f"{'params':>10s} {'gens':>5s} {'wire':9s} {'MiB/gen':>8s} {'seconds':>8s} {'GB/s out':>8s} {'max rel err':>11s}")
+    for g in (int(x) for x in a.generators.split(",")):
+        cmd = ["mpiexec", "--oversubscribe", "-n", str(g + 1), sys.executable, "-m", "mpi4py", "-m", "rlvla3.tools.bench_weights",
+               a.params, a.dtypes, str(a.bucket_mb), "3"]
+        if os.geteuid() == 0:
+            cmd.insert(1, "--allow-run-as-root")
+        out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"weights bench with {g} Generators failed:\n{out.stderr[-3000:]}")
+        for line in out.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.append(r)
+                gbps = r["bytes_per_generator"] * r["generators"] / r["seconds"] / 1e9
+                print(f"{r['params']:10.0e} {r['generators']:5d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
+                      f"{r['seconds']:8.3f} {gbps:8.2f} {r['max_rel_error']:11.2e}", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "weights.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+# Policy families as a user selects them (conf/policy/*.yaml), on the env of the overrides.
+FAMILIES = {
+    "tiny": ["policy=tiny"],
+    "tiny_chunk4": ["policy=tiny", "policy.chunk=4"],
+    "openvla_parallel": ["policy=openvla"],
+    "openvla_autoregressive": ["policy=openvla", "policy.decoding=autoregressive"],
+    "openvla_oft_chunk4": ["policy=openvla", "policy.chunk=4"],
+    "pi0_chunk4": ["policy=pi0"],
+}
+
+
+def families_bench(a) -> int:
+    """Generator forward (`act`) and Trainer step (evaluate + PPO loss + backward + Adam) per
+    policy family and batch size, one torch thread, medians of `--repeats` (after one warm-up)."""
+    import numpy as np
+    import torch
+
+    from ..algo import decoupled_ppo_loss
+    from ..policies import make_policy
+    from ..policies.base import pick_device
+    from ..world import spec
+
+    torch.set_num_threads(1)
+    names = a.families.split(",") if a.families else list(FAMILIES)
+    rows = []
+    print(f"{'family':24s} {'params':>9s} {'batch':>5s} {'act ms':>8s} {'train ms':>9s} {'act samples/s':>13s}")
+    for name in names:
+        cfg = compose([*a.overrides, *FAMILIES[name]])
+        sp = spec(cfg)
+        device = pick_device(cfg.policy.device)
+        policy = make_policy(cfg, sp).to(device)
+        opt = torch.optim.Adam(policy.parameters(), lr=1e-5)
+        n_params = sum(p.numel() for p in policy.parameters())
+        for b in (int(x) for x in a.batches.split(",")):
+            rng = np.random.default_rng(0)
+            obs = tuple(torch.from_numpy(x).to(device) for x in (
+                rng.integers(0, 255, (b, sp.cameras, sp.image_size, sp.image_size, 3), dtype=np.uint8),
+                rng.normal(size=(b, sp.proprio_dim)).astype(np.float32),
+                rng.integers(2, sp.vocab, (b, sp.instruction_len)).astype(np.int32)))
+            draw = rng.standard_normal if sp.sample.noise == "normal" else rng.random
+            noise = torch.from_numpy(draw((b, *sp.sample.noise_shape)).astype(np.float32)).to(device)
+
+            def act():
+                with torch.no_grad():
+                    return policy.act(*obs, noise)
+
+            sample, logp_b, _ = act()
+
+            def train():
+                logp, ent, value = policy.evaluate(*obs, sample)
+                z = torch.zeros(b, device=device)
+                adv = torch.randn(b, device=device)
+                decoupled_ppo_loss(logp, logp_b, logp_b, adv, value, z, ent, 0.2, 2.0, 0.5, 0.0).total.backward()
+                opt.step()
+                opt.zero_grad()
+
+            t_act, t_train = (median_seconds(f, a.repeats) for f in (act, train))
+            rows.append({"family": name, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train,
+                         "device": str(device)})
+            print(f"{name:24s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f}", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "families.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+SIM_TASKS = {"Lift": ["env=robosuite_lift"], "Stack": ["env=robosuite_stack"],
+             "PickPlaceCan": ["env=robosuite_pickplacecan"], "Door": ["env=robosuite_door"],
+             **{t: ["env=metaworld_pickplace", f"env.task={t}"]
+                for t in ("pick-place-v3", "reach-v3", "drawer-open-v3", "button-press-topdown-v3")}}
+
+
+def sims_bench(a) -> int:
+    """Per robosuite / Meta-World task: step and reset time (p50/p99) of one env in this process with the
+    configured render settings, and the scripted expert's success over `--episodes` seeded
+    episodes (a task without an expert steps random actions, so only its timings count)."""
+    import time
+
+    import numpy as np
+
+    from ..envs import env_dims, make_env
+    from ..envs.base import child_env_vars
+
+    child_env_vars()
+    rows = []
+    print(f"{'task':24s} {'cams':>4s} {'step p50 ms':>11s} {'step p99 ms':>11s} {'reset p50 ms':>12s} {'reset p99 ms':>12s} "
+          f"{'expert success':>14s} {'steps/ep':>8s}")
+    for task in a.tasks.split(","):
+        cfg = compose([*SIM_TASKS[task], *a.overrides])
+        env = make_env(cfg, 0)
+        dim = env_dims(cfg).action_dim
+        rng = np.random.default_rng(0)
+        steps, resets, wins, lengths = [], [], 0, []
+        expert = getattr(env, "expert", None) is not None
+        for ep in range(a.episodes):
+            t0 = time.perf_counter()
+            env.reset(ep)
+            resets.append(time.perf_counter() - t0)
+            for t in range(cfg.env.horizon):
+                action = env.expert_action() if expert else rng.uniform(-1, 1, dim).astype(np.float32)
+                t0 = time.perf_counter()
+                _, _, done, success, _ = env.step(action)
+                steps.append(time.perf_counter() - t0)
+                if done:
+                    wins += success
+                    lengths.append(t + 1)
+                    break
+        env.close()
+        p = lambda x, q: float(np.percentile(x, q)) * 1e3  # noqa: E731
+        r = {"task": task, "cameras": len(cfg.env.cameras), "fast_render": cfg.env.fast_render,
+             "step_p50_ms": p(steps, 50), "step_p99_ms": p(steps, 99), "reset_p50_ms": p(resets, 50),
+             "reset_p99_ms": p(resets, 99), "expert": expert, "episodes": a.episodes, "successes": int(wins),
+             "mean_steps": float(np.mean(lengths)) if lengths else None}
+        rows.append(r)
+        succ = f"{wins}/{a.episodes}" if expert else "no expert"
+        print(f"{task:24s} {r['cameras']:4d} {r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} "
+              f"{r['reset_p99_ms']:12.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "sims.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def median_seconds(fn, repeats: int) -> float:
+    import time
+
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()   # warm-up (allocations, lazy init)
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "sims"])
+    ap.add_argument("--tasks", default=",".join(SIM_TASKS), help="sims: robosuite tasks")
+    ap.add_argument("--episodes", type=int, default=10, help="sims: episodes per task")
+    ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
+    ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all)")
+    ap.add_argument("--repeats", type=int, default=5, help="families: timed repeats per measurement (median)")
+    ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
+    ap.add_argument("--generators", default="1,4,16", help="weights: Generator counts")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
+    ap.add_argument("--bucket-mb", type=float, default=64.0, help="weights: bucket size (MiB)")
+    ap.add_argument("--env", choices=sorted(WORKLOADS), default="emulated")
+    ap.add_argument("--ladder", action="store_true", help="the full ablation ladder")
+    ap.add_argument("--out", default="", help="folder for the run folders (default: a temporary one)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
+    ap.add_argument("overrides", nargs="*", help="extra config overrides for every configuration")
+    a = ap.parse_intermixed_args(argv)  # overrides may follow options
+    if a.what == "weights":
+        return weights_bench(a)
+    if a.what == "families":
+        return families_bench(a)
+    if a.what == "sims":
+        return sims_bench(a)
+    root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-bench-"))
+    rungs = RUNGS_LADDER if a.ladder else RUNGS_BASIC
+    results = []
+    for label, mode in rungs:
+        r = measure(label, [*WORKLOADS[a.env], *a.overrides, *mode], root, a.timeout)
+        print(f"  {label:24s} {r['steps_per_s']:8.1f} steps/s", flush=True)
+        results.append(r)
+        (root / "bench.json").write_text(json.dumps(results, indent=1))  # kept if a later one fails
+    text = report(results)
+    print(f"\nworkload: {a.env} {' '.join(a.overrides)}\n{text}\nrun folders: {root}")
+    (root / "bench.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

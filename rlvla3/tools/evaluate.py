@@ -1,0 +1,127 @@
+"""`python -m rlvla3.evaluate --checkpoint CKPT [--episodes N] [--seed S] [overrides...]`:
+success rate of a policy checkpoint over the real engine, without training.
+
+The run is the engine as usual (Simulators, Generators, the Trainer counting rows) with
+`runtime.evaluate=true`: no optimizer step, and every segment is exactly one whole episode of each
+env, reset from its own seed. Counting whole episodes only (never "episodes finished before the
+stop") keeps short, successful episodes from being over-counted. Seeds: episode seeds derive from
+`--seed` (default 1000003), not the training seed 0, so evaluation states are held out.
+Actions are sampled from the policy, as in training.
+
+Prints successes / episodes with a 95% Wilson score interval and writes `eval.json` in the run
+folder. `--average-last N` evaluates the mean weights of the N checkpoints of the run that end
+at CKPT (a run whose consecutive versions differ a lot is better judged by their average than by
+whichever version came last).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from datetime import datetime
+from pathlib import Path
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a success rate (sound at 0, 1 and small n, unlike p ± z·se)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
+    """Config sections that turn `cfg` into an evaluation run of about `episodes` episodes."""
+    seg = math.ceil(cfg.env.horizon / cfg.policy.chunk)
+    rollout = cfg.env.num_envs * seg
+    return {"policy": {"init_from": checkpoint}, "runtime": {"evaluate": True},
+            "algo": {"segment_steps": seg, "rollout_batch": rollout, "global_batch": rollout,
+                     "micro_batch": min(cfg.algo.micro_batch, rollout), "update_epochs": 1,
+                     "max_versions": math.ceil(episodes / cfg.env.num_envs)}}
+
+
+def average_checkpoints(last: Path, n: int, out: Path) -> Path:
+    """Write to `out` a checkpoint whose model weights are the mean of the `n` version-end
+    checkpoints of `last`'s folder up to and including `last` (a run's ckpt/v*.pt; a preemption's
+    mid-version checkpoint, v*-s*.pt, is not a version of its own)."""
+    import torch
+
+    from ..engine.checkpoints import ckpt_order
+
+    version, mid = ckpt_order(last)
+    if version < 0 or mid:
+        raise SystemExit(f"--average-last needs a run's version-end checkpoint (ckpt/vNNNNNN.pt); {last} is not one")
+    run = sorted((p for p in last.parent.glob("v*.pt") if ckpt_order(p)[1] == 0 and 0 <= ckpt_order(p)[0] <= version),
+                 key=ckpt_order)
+    chosen = run[-n:]
+    if len(chosen) < n:
+        raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name}")
+    models = [torch.load(p, map_location="cpu", weights_only=True)["model"] for p in chosen]
+    mean = {k: torch.stack([m[k].double() for m in models]).mean(0).to(models[0][k].dtype) for k in models[0]}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": mean, "averaged": [p.name for p in chosen]}, out)
+    return out
+
+
+def count(run_dir: Path, versions: int) -> tuple[int, int]:
+    """(successes, episodes) over the shards of the first `versions` rollout steps: every env of
+    every such segment ran exactly one episode."""
+    from ..engine import shards
+
+    succ = eps = 0
+    for n in shards.scan(run_dir / "shards"):
+        if shards.parse_name(n)[0] >= versions:
+            continue
+        a, _ = shards.read_shard(run_dir / "shards" / n)
+        ended = (a["terminated"] | a["truncated"]).any(0)
+        if not ended.all():
+            raise RuntimeError(f"evaluation shard {n}: an episode did not end inside its segment")
+        succ += int((a["success"] & a["valid"]).any(0).sum())
+        eps += a["rewards"].shape[1]
+    return succ, eps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlvla3.evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (run ckpt/ or rlvla3.sft output)")
+    ap.add_argument("--episodes", type=int, default=200, help="episodes (rounded up to whole rounds of env.num_envs)")
+    ap.add_argument("--seed", type=int, default=1_000_003, help="episode seeds derive from this (held out from training)")
+    ap.add_argument("--average-last", type=int, default=1,
+                    help="evaluate the mean weights of the last N run checkpoints ending at --checkpoint")
+    ap.add_argument("--out", default="", help="run folder (default runs/eval/<date>-<time>)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds for the whole run")
+    ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
+    a = ap.parse_intermixed_args(argv)
+    from .. import config
+    from ..cluster.compose import compose
+    from ..cluster.local import run_local
+
+    if a.episodes < 1:
+        raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
+    if not Path(a.checkpoint).is_file():
+        raise SystemExit(f"--checkpoint {a.checkpoint}: no such file")
+    if a.average_last < 1:
+        raise SystemExit(f"--average-last={a.average_last}: must be >= 1")
+    run_dir = Path(a.out or f"runs/eval/{datetime.now():%Y-%m-%d-%H-%M-%S}")
+    ckpt = Path(a.checkpoint)
+    if a.average_last > 1:
+        ckpt = average_checkpoints(ckpt, a.average_last, run_dir.with_name(run_dir.name + "-averaged.pt"))
+    cfg = compose(a.overrides)
+    cfg = config.replace(cfg, seed=a.seed, **eval_overrides(cfg, str(ckpt.resolve()), a.episodes))
+    proc = run_local(cfg, run_dir, timeout=a.timeout)
+    if proc.returncode != 0:
+        return proc.returncode
+    succ, eps = count(run_dir, cfg.algo.max_versions)
+    lo, hi = wilson(succ, eps)
+    result = {"checkpoint": a.checkpoint, "average_last": a.average_last, "episodes": eps, "successes": succ, "success_rate": succ / max(eps, 1),
+              "wilson95": [lo, hi], "seed": a.seed}
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
+    print(f"success {succ}/{eps} = {succ / max(eps, 1):.3f}  (95% Wilson interval {lo:.3f}-{hi:.3f})  {run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

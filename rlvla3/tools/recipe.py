@@ -1,0 +1,156 @@
+"""`python -m rlvla3.recipe [--out DIR] [options] [overrides...]`: the warm-start recipe in one
+command, sync and async side by side.
+
+    1. expert demonstrations          python -m rlvla3.collect
+    2. SFT warm start                 python -m rlvla3.sft
+    3. evaluate the SFT checkpoint    python -m rlvla3.evaluate (held-out seeds, Wilson interval)
+    4. RL from it, mode=sync and mode=async, the same settings otherwise
+    5. evaluate both final checkpoints the same way
+
+Writes `recipe.json` (every number) and `recipe.png`: training success vs env steps (sample
+efficiency) and vs wall time (throughput) for both modes, with the evaluations as intervals.
+Each step is the same command a user would run by hand; the overrides pick env and policy.
+
+    python -m rlvla3.recipe +experiment=toy --out runs/recipe-toy
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+STAGE_TIMEOUT = 3 * 3600.0   # s; each stage also bounds its own waits (runtime.*, --timeout)
+
+
+def step(args: list[str], log: Path) -> None:
+    """Run one stage as its own command; its output goes to `log`; a failure stops the recipe."""
+    t0 = time.time()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run([sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT,
+                                timeout=STAGE_TIMEOUT).returncode
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"{args[0]} did not finish within {STAGE_TIMEOUT:.0f}s; see {log}") from None
+    print(f"  {args[0]:16s} {time.time() - t0:6.0f}s  (log {log})", flush=True)
+    if rc != 0:
+        raise SystemExit(f"{' '.join(args[:1])} failed (exit {rc}); see {log}")
+
+
+def evaluate(ckpt: Path, out: Path, a, overrides: list[str]) -> dict:
+    if not (a.resume and (out / "eval.json").is_file()):
+        shutil.rmtree(out, ignore_errors=True)   # a partial evaluation starts over
+        step(["rlvla3.evaluate", "--checkpoint", str(ckpt), "--episodes", str(a.eval_episodes), "--out", str(out),
+              *overrides, "runtime.tensorboard=false"], out.with_suffix(".log"))
+    return json.loads((out / "eval.json").read_text())
+
+
+def finished_run(run: Path, versions: int) -> bool:
+    """An RL stage that trained all its versions (--resume keeps it; a partial one is redone)."""
+    f = run / "summary.json"
+    return f.is_file() and len(json.loads(f.read_text())["history"]) >= versions
+
+
+SMOOTH = 5   # versions per point of the training curves: a grpo version holds only a few initial states
+
+
+def smoothed_success(history: list[dict], window: int) -> list[float]:
+    """Success rate over the episodes of the last `window` versions, at each version."""
+    out = []
+    for i in range(len(history)):
+        h = history[max(0, i - window + 1):i + 1]
+        eps = sum(x["episodes"] for x in h)
+        out.append(sum(x["success"] * x["episodes"] for x in h) / eps if eps else float("nan"))
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    colors = {"sync": "tab:blue", "async": "tab:orange"}
+    for mode, r in result["rl"].items():
+        h = r["history"]
+        steps = [sum(x["env_steps"] for x in h[:i + 1]) for i in range(len(h))]
+        succ = smoothed_success(h, SMOOTH)
+        axes[0].plot(steps, succ, color=colors[mode], label=f"{mode} (training episodes, last {SMOOTH} versions)")
+        axes[1].plot([x["t"] for x in h], succ, color=colors[mode], label=mode)
+        lo, hi = r["eval"]["wilson95"]
+        for ax, x in ((axes[0], steps[-1]), (axes[1], h[-1]["t"])):
+            ax.errorbar([x], [r["eval"]["success_rate"]], yerr=[[r["eval"]["success_rate"] - lo], [hi - r["eval"]["success_rate"]]],
+                        fmt="s", color=colors[mode], capsize=4)
+    lo, hi = result["sft_eval"]["wilson95"]
+    for ax in axes:
+        ax.axhspan(lo, hi, color="gray", alpha=0.25, label="SFT evaluation (95% Wilson)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_xlabel("env steps")
+    axes[1].set_xlabel("wall time (s)")
+    axes[0].set_ylabel("success rate")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle("SFT warm start, then RL: squares = held-out evaluations of the final checkpoints")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlvla3.recipe", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="", help="folder for everything (default runs/recipe/<date>-<time>)")
+    ap.add_argument("--demo-episodes", type=int, default=16, help="expert episodes to collect (at least)")
+    ap.add_argument("--sft-steps", type=int, default=40, help="SFT optimizer steps (few: a modest warm start)")
+    ap.add_argument("--versions", type=int, default=20, help="RL versions per mode")
+    ap.add_argument("--eval-episodes", type=int, default=208, help="evaluation episodes per checkpoint")
+    ap.add_argument("--modes", default="sync,async", help="RL modes to run")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the stages --out already holds (demos, sft.pt, evaluations, finished RL runs)")
+    ap.add_argument("overrides", nargs="*", help="config overrides for every stage (env, policy, ...)")
+    a = ap.parse_intermixed_args(argv)
+    out = Path(a.out or f"runs/recipe/{time.strftime('%Y-%m-%d-%H-%M-%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    ov = list(a.overrides)
+    t0 = time.time()
+    print(f"recipe in {out}:", flush=True)
+    if not (a.resume and any((out / "demos" / "shards").glob("s*"))):
+        step(["rlvla3.collect", "--episodes", str(a.demo_episodes), "--out", str(out / "demos"), *ov], out / "collect.log")
+    if not (a.resume and (out / "sft.pt").is_file()):
+        step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps), "--out", str(out / "sft.pt"), *ov],
+             out / "sft.log")
+    result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov), "rl": {}}
+    for mode in a.modes.split(","):
+        run = out / f"rl-{mode}"
+        if a.resume and finished_run(run, a.versions):
+            print(f"  {mode}: kept {run}", flush=True)
+        else:
+            for stale in (run, out / f"eval-{mode}"):   # an interrupted stage starts over
+                shutil.rmtree(stale, ignore_errors=True)
+            step(["rlvla3.launch", *ov, f"mode={mode}", f"policy.init_from={(out / 'sft.pt').resolve()}",
+                  f"algo.max_versions={a.versions}", "runtime.tensorboard=false", f"hydra.run.dir={run}"],
+                 out / f"rl-{mode}.log")
+        ckpt = sorted((run / "ckpt").glob("v*.pt"))[-1]
+        summary = json.loads((run / "summary.json").read_text())
+        result["rl"][mode] = {"history": summary["history"], "wall_s": summary["history"][-1]["t"],
+                              "env_steps": sum(h["env_steps"] for h in summary["history"]),
+                              "eval": evaluate(ckpt, out / f"eval-{mode}", a, ov)}
+    result["wall_s"] = time.time() - t0
+    (out / "recipe.json").write_text(json.dumps(result, indent=1))
+    plot(result, out / "recipe.png")
+    e = result["sft_eval"]
+    print(f"\nSFT            success {e['success_rate']:.3f}  95% [{e['wilson95'][0]:.3f}, {e['wilson95'][1]:.3f}]  "
+          f"({e['episodes']} held-out episodes)")
+    for mode, r in result["rl"].items():
+        e = r["eval"]
+        print(f"RL {mode:11s} success {e['success_rate']:.3f}  95% [{e['wilson95'][0]:.3f}, {e['wilson95'][1]:.3f}]  "
+              f"after {r['env_steps']} env steps in {r['wall_s']:.0f}s of training")
+    print(f"total {result['wall_s']:.0f}s; plot {out / 'recipe.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""`python -m rlvla3.sft --demos DIR [--steps N] [--out CKPT] [overrides...]`: supervised warm
+start (behaviour cloning) of any policy family on demonstration shards (`python -m rlvla3.collect`).
+
+The policy is built exactly as the RL run builds it (same overrides: env, policy), trained with
+its family's cloning loss (`Policy.bc_loss`: -log pi of the expert's action tokens, or pi0's own
+flow-matching loss), and saved as a checkpoint whose `model` an RL run starts from:
+
+    python -m rlvla3.collect +experiment=toy --episodes 200 --out runs/demos
+    python -m rlvla3.sft --demos runs/demos +experiment=toy --steps 300 --out runs/sft.pt
+    python -m rlvla3.launch +experiment=toy policy.init_from=runs/sft.pt
+
+Demonstration rows hold one expert step each; a chunked policy (policy.chunk=K) learns from the
+K consecutive actions of each row's env (`chunk_actions`). The value head is not trained here
+(RL's critic starts cold).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def chunk_actions(actions: np.ndarray, ended: np.ndarray, k: int) -> np.ndarray:
+    """Action chunks [T, N, K, D] from one-step rows [T, N, D]: row t's chunk is the actions of
+    rows t..t+K-1 of the same env, the episode's (or segment's) last action repeated past its end
+    (the usual padding for chunked behaviour cloning)."""
+    T = actions.shape[0]
+    last = np.zeros(ended.shape, np.int64)   # index of the row that ends row t's episode (or T-1)
+    end = np.full(ended.shape[1], T - 1)
+    for t in reversed(range(T)):
+        end = np.where(ended[t], t, end)
+        last[t] = end
+    idx = np.minimum(np.arange(T)[:, None, None] + np.arange(k)[None, None, :], last[:, :, None])   # [T, N, K]
+    return actions[idx, np.arange(actions.shape[1])[None, :, None]]
+
+
+def load_demos(demos: Path, chunk: int = 1) -> dict[str, np.ndarray]:
+    """Every valid row of the demonstration shards under `demos` (or `demos/shards`), flattened,
+    with `actions` as chunks [rows, K, D]."""
+    from ..engine import shards
+
+    d = demos / "shards" if (demos / "shards").is_dir() else demos
+    names = shards.scan(d)
+    if not names:
+        raise SystemExit(f"--demos {demos}: no shards there (make them with python -m rlvla3.collect)")
+    parts = {k: [] for k in ("images", "proprio", "tokens", "actions")}
+    for n in names:
+        a, attrs = shards.read_shard(d / n)
+        if attrs.get("source") != "expert":
+            raise SystemExit(f"--demos {demos}: shard {n} is a rollout shard, not a demonstration (source "
+                             f"{attrs.get('source')!r})")
+        m = a["valid"].reshape(-1)
+        rows = {"images": a["images"], "proprio": a["proprio"], "tokens": a["tokens"],
+                "actions": chunk_actions(a["actions"][:, :, 0], a["terminated"] | a["truncated"], chunk)}
+        for k in parts:
+            parts[k].append(rows[k].reshape(-1, *rows[k].shape[2:])[m])
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0):
+    """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history). The
+    expert's action chunks are turned into the policy's own sample layout (token ids or a chain)."""
+    import torch
+
+    from ..policies import make_policy
+    from ..policies.base import pick_device
+    from ..world import spec
+    from .collect import expert_sample
+
+    torch.manual_seed(seed)
+    sp = spec(cfg)
+    if rows["actions"].shape[1:] != (sp.chunk, sp.action_dim):
+        raise SystemExit(f"demonstrations hold actions of shape {rows['actions'].shape[1:]}; the policy acts in "
+                         f"chunks of {(sp.chunk, sp.action_dim)}: collect them on the same env")
+    rows = {**rows, "sample": expert_sample(sp.sample, rows["actions"], cfg.policy.action_bins)}
+    device = pick_device(cfg.policy.device)
+    policy = make_policy(cfg, sp).to(device)
+    opt = torch.optim.Adam(policy.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    t = {k: torch.from_numpy(v) for k, v in rows.items()}
+    history = []
+    for step in range(steps):
+        idx = torch.from_numpy(rng.integers(0, len(rows["sample"]), batch))
+        mb = [t[k][idx].to(device) for k in ("images", "proprio", "tokens", "sample", "actions")]
+        loss = policy.bc_loss(*mb).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        history.append(float(loss.detach()))
+    return policy, history
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlvla3.sft", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--demos", required=True, help="a collect run folder (or its shards/ folder)")
+    ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    ap.add_argument("--batch", type=int, default=64, help="rows per step")
+    ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (default: every core; SFT is one process, unlike a run's ranks)")
+    ap.add_argument("--out", default="sft.pt", help="the checkpoint to write (policy.init_from of the RL run)")
+    ap.add_argument("overrides", nargs="*", help="config overrides: the RL run's env and policy")
+    a = ap.parse_intermixed_args(argv)
+    import torch
+
+    from ..cluster.compose import compose
+
+    cfg = compose(a.overrides)
+    torch.set_num_threads(a.threads or os.cpu_count() or 1)
+    rows = load_demos(Path(a.demos), cfg.policy.chunk)
+    t0 = time.time()
+    policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": policy.state_dict(), "sft": {"demos": str(a.demos), "rows": len(rows["actions"]),
+                                                      "steps": a.steps, "loss": hist}}, out)
+    k = max(1, len(hist) // 10)
+    print(f"SFT {cfg.policy.name}: {len(rows['actions'])} demonstration rows, {a.steps} steps in {time.time() - t0:.0f}s; "
+          f"loss {np.mean(hist[:k]):.3f} -> {np.mean(hist[-k:]):.3f}; wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
