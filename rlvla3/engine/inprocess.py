@@ -23,7 +23,7 @@ from .wiring import Wiring
 
 
 class InProcessRun:
-    def __init__(self, cfg: config.RunConfig, run_dir: str | Path):
+    def __init__(self, cfg: config.RunConfig, run_dir: str | Path, preemption=None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = config.replace(cfg, run_dir=str(self.run_dir))
@@ -38,7 +38,8 @@ class InProcessRun:
                                      rt.heartbeat_interval, rt.idle_sleep, rt.max_idle_sleep)
                            for r in range(self.world.size)]
         self.metrics = [Metrics(self.run_dir, r, self.world.role_name(r), 0.0) for r in range(self.world.size)]
-        self.roles = [build_roles(self.cfg, self.world, self.transports[r], self.metrics[r], self.run_dir, r)
+        self.preemption = preemption   # run.Preemption: rank 0 requeues, as under Slurm
+        self.roles = [build_roles(self.cfg, self.world, self.transports[r], self.metrics[r], self.run_dir, r, preemption)
                       for r in range(self.world.size)]
         for t in self.transports:
             t.watch_from_now(rt.liveness_timeout)
@@ -55,16 +56,17 @@ class InProcessRun:
     def step(self) -> bool:
         """One pass over every rank; True if any role did work."""
         work = False
-        for roles, transport in zip(self.roles, self.transports):
+        for rank, (roles, transport) in enumerate(zip(self.roles, self.transports)):
             if not all(r.done for r in roles):
-                work |= step_roles(roles, transport)
+                work |= step_roles(roles, transport, self.preemption if rank == 0 else None)
         self.passes += 1
         return work
 
-    def run(self, timeout: float, check=None) -> None:
-        """Step until every role is done (at most `timeout` s), calling check(self) after each pass."""
+    def run(self, timeout: float, check=None, until=None) -> None:
+        """Step until every role is done, or until(self) (at most `timeout` s), calling check(self)
+        after each pass."""
         deadline = time.monotonic() + timeout
-        while not self.done:
+        while not self.done and not (until is not None and until(self)):
             if not self.step():
                 due = [t for roles in self.roles for r in roles if (t := r.deadline()) is not None]
                 self.transports[0].backoff.idle(min(due, default=None))

@@ -23,7 +23,7 @@ from ..policies import make_policy
 from ..policies.base import flat_params, pick_device
 from . import shards
 from .learners import LOSS_KEYS
-from .protocol import Slice, Tag
+from .protocol import GroupAddress, Slice, Tag
 ROW_KEYS = ("images", "proprio", "tokens", "sample", "valid", "logp_behav", "logp_prox", "adv", "ret")
 
 
@@ -159,9 +159,10 @@ class TorchLearner:
             addr = (socket.gethostname(), s.getsockname()[1])
             s.close()
             for r in train_ranks[1:]:
-                transport.send(r, Tag.PLAN, addr)
+                transport.send(r, Tag.GROUP_ADDRESS, GroupAddress(*addr))
         else:
-            addr = transport.recv(train_ranks[0], Tag.PLAN, self.cfg.runtime.startup_timeout, "process-group address")
+            got = transport.recv(train_ranks[0], Tag.GROUP_ADDRESS, self.cfg.runtime.startup_timeout, "process-group address")
+            addr = (got.host, got.port)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{addr[0]}:{addr[1]}", rank=self.index,
                                 world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.liveness_timeout))
