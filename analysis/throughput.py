@@ -10,7 +10,7 @@ from pathlib import Path
 
 def load(run: Path) -> dict:
     summary = json.loads((run / "summary.json").read_text())
-    from rlvla3.metrics import read_summaries
+    from rlvla3.engine.metrics import read_summaries
 
     spans = defaultdict(float)
     for rec in read_summaries(run):

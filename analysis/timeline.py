@@ -25,13 +25,13 @@ SPAN_COLORS = {"sim_step": "C0", "reset": "C9", "wait_action": "0.85", "infer": 
 
 
 def read_records(run: Path, kind: str):
-    from rlvla3.metrics import read_records
+    from rlvla3.engine.metrics import read_records
 
     return read_records(run, kind)
 
 
 def read_spans(run: Path) -> list[dict]:
-    from rlvla3.metrics import read_spans
+    from rlvla3.engine.metrics import read_spans
 
     return [{"rank": rank, "role": role, "name": rec["n"], "start": rec["t"], "seconds": rec["d"],
              "batch": rec.get("batch", "")} for rank, role, rec in read_spans(run)]
@@ -39,7 +39,7 @@ def read_spans(run: Path) -> list[dict]:
 
 def staleness(run: Path) -> Counter:
     """Samples per (rollout step - behaviour version), from every published shard."""
-    from rlvla3 import shards
+    from rlvla3.engine import shards
 
     out: Counter = Counter()
     for name in shards.scan(run / "shards"):

@@ -3,7 +3,7 @@
 #   stage 1  install the carried wheels (SET=vla bash bench/gpu_wheels.sh 3.12 .whl-vla, here)
 #   stage 2  python -m rlvla3.bench families on the GPU: act and train-step time per family at
 #            batch 1/8/32 (tiny, openvla parallel/autoregressive/OFT chunks, pi0)
-#   stage 3  python -m rlvla3.megatron_lm --gpu: the Llama LM at TP = PP = 1 with Megatron's DDP
+#   stage 3  python -m rlvla3.tools.megatron_check --gpu: the Llama LM at TP = PP = 1 with Megatron's DDP
 #            and optimizer vs transformers + torch Adam (same logits, same weights after 3 steps)
 # Files land in $OUT (default bench-out/) after each stage. Budget: under 4 minutes.
 #
@@ -38,6 +38,6 @@ if [ "$REHEARSAL" = 1 ]; then
   stage families 300 $PY -m rlvla3.bench families --families tiny,pi0_chunk4 --batches 1,8 --repeats 2 --out "$OUT" env=toy
 else
   stage families 150 $PY -m rlvla3.bench families --out "$OUT" policy.device=cuda
-  stage megatron 90 bash -c "$PY -m rlvla3.megatron_lm --gpu | tail -1 > '$OUT/megatron_gpu.json'"
+  stage megatron 90 bash -c "$PY -m rlvla3.tools.megatron_check --gpu | tail -1 > '$OUT/megatron_gpu.json'"
 fi
 say "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

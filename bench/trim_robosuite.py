@@ -50,8 +50,9 @@ def used_assets(task: str, robot: str) -> set[Path]:
 
 
 def build(out: Path, task: str, robot: str) -> Path:
-    import robosuite
     from importlib.metadata import distribution
+
+    import robosuite
 
     root = Path(robosuite.__file__).resolve().parent
     keep_assets = {p for p in used_assets(task, robot) if ASSETS in p.parents}

@@ -22,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+
 class ConfigError(ValueError):
     """A bad configuration value; the message names the field and how to fix it."""
 

@@ -1,9 +1,9 @@
 """Bad config fails early with the field named; every shipped config composes and validates."""
 import pytest
 
+from rlvla3.cluster.compose import CONF_DIR, compose
 from rlvla3.config import ConfigError
 from rlvla3.world import derive, sharding_plan
-from rlvla3.cluster.compose import CONF_DIR, compose
 
 
 @pytest.mark.parametrize("override, field", [

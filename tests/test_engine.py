@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from rlvla3.engine import shards
 from rlvla3.cluster.compose import compose, prepare_run_dir
 from rlvla3.cluster.local import mpi_env, mpiexec_command
+from rlvla3.engine import shards
 from rlvla3.engine.metrics import read_summaries
 from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, needs_mpi, run_engine, summary
 
@@ -84,8 +84,8 @@ def test_two_trainers_agree_and_match_one(tmp_path):
     # Adam turns float-rounding differences of the all-reduce into small parameter differences;
     # they must be tiny next to how far training moved the parameters.
     from rlvla3 import config
-    from rlvla3.world import spec
     from rlvla3.policies import make_policy
+    from rlvla3.world import spec
 
     cfg = config.load(r1)
     flat = lambda m: torch.cat([m[k].flatten().float() for k in sorted(m)])  # noqa: E731

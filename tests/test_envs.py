@@ -6,10 +6,10 @@ import time
 import numpy as np
 import pytest
 
+from rlvla3.cluster.compose import compose
 from rlvla3.envs import tokenize
 from rlvla3.envs.hosting import make_vec_env
 from rlvla3.world import spec
-from rlvla3.cluster.compose import compose
 
 
 def drive(vec, actions, timeout=60.0):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlvla3.envs.toy import ToyEnv
 from rlvla3.cluster.compose import compose
+from rlvla3.envs.toy import ToyEnv
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]

@@ -72,9 +72,9 @@ def test_engine_trains_openvla_with_a_megatron_lm_split_over_two_trainers(tmp_pa
     import torch
 
     from rlvla3 import config
-    from rlvla3.world import spec
     from rlvla3.engine.metrics import read_records
     from rlvla3.policies import make_policy
+    from rlvla3.world import spec
     from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, run_engine
 
     over = [*TOY, "mode=async", "algo.max_versions=2", "algo.check_logprobs=true", "policy=openvla", "policy.patch=3",

@@ -6,10 +6,10 @@ import pytest
 import yaml
 
 from rlvla3 import planner as P
-from rlvla3.world import derive, gpu_ranks
 from rlvla3.cluster.compose import CONF_DIR, compose
 from rlvla3.planner.cli import main as plan_main
 from rlvla3.planner.measure import profile_from_run
+from rlvla3.world import derive, gpu_ranks
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine
 
 LIBERO = CONF_DIR / "profile" / "libero_pi05.yaml"
@@ -121,7 +121,7 @@ def test_sync_orderings_follow_the_model_for_a_trainer_heavy_profile(libero):
         gaps.append(a_colo / a_dis)
     assert gaps[1] > gaps[0]
     _, dis = P.sync_layouts(heavy, 16, 256)
-    best = max(dis, key=lambda l: P.analytic(heavy, l).steps_per_s)
+    best = max(dis, key=lambda lay: P.analytic(heavy, lay).steps_per_s)
     assert best.train_gpus > best.gen_gpus
 
 

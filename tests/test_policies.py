@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rlvla3.config import PolicyConfig
-from rlvla3.world import Spec as EnvSpec
 from rlvla3.policies import sample_layout
+from rlvla3.world import Spec as EnvSpec
 
 pytest.importorskip("transformers", reason="transformers not installed (pip install -e '.[vla]')")
 

@@ -7,9 +7,9 @@ import textwrap
 import numpy as np
 
 from rlvla3.config import PolicyConfig
-from rlvla3.world import Spec as EnvSpec
-from rlvla3.policies import sample_layout
 from rlvla3.engine.protocol import ShardReady, Slice, TrainOrder, WeightsHeader, obs_codec
+from rlvla3.policies import sample_layout
+from rlvla3.world import Spec as EnvSpec
 from tests.conftest import needs_mpi
 
 SPEC = EnvSpec(cameras=2, image_size=8, proprio_dim=5, action_dim=7, instruction_len=6, vocab=64,

@@ -46,8 +46,8 @@ def test_init_from_refuses_a_checkpoint_of_another_policy(tmp_path):
 
     from rlvla3.cluster.compose import compose
     from rlvla3.engine.torch_learner import load_init
-    from rlvla3.world import spec
     from rlvla3.policies import make_policy
+    from rlvla3.world import spec
 
     cfg = compose(["+experiment=toy"])
     torch.save({"model": make_policy(cfg, spec(cfg)).state_dict()}, tmp_path / "ok.pt")
@@ -77,10 +77,10 @@ def test_chunks_are_consecutive_actions_padded_at_episode_ends():
 def test_chunked_sft_from_one_step_demonstrations(tmp_path):
     import torch
 
-    from rlvla3.world import spec
     from rlvla3.cluster.compose import compose
     from rlvla3.engine.torch_learner import load_init
     from rlvla3.policies import make_policy
+    from rlvla3.world import spec
 
     run("rlvla3.collect", "+experiment=toy", "--episodes", "16", "--out", str(tmp_path / "demos"))
     out = run("rlvla3.sft", "--demos", str(tmp_path / "demos"), "+experiment=toy", "policy.chunk=2", "--steps", "60",
@@ -140,10 +140,10 @@ def test_evaluation_of_a_grpo_run_starts_every_episode_from_its_own_state(tmp_pa
     import numpy as np
     import torch
 
-    from rlvla3.engine import shards
-    from rlvla3.world import spec
     from rlvla3.cluster.compose import compose
+    from rlvla3.engine import shards
     from rlvla3.policies import make_policy
+    from rlvla3.world import spec
 
     cfg = compose(["+experiment=toy_grpo"])
     torch.save({"model": make_policy(cfg, spec(cfg)).state_dict()}, tmp_path / "init.pt")

@@ -12,8 +12,8 @@ import pytest
 
 from rlvla3 import config
 from rlvla3.cluster import slurm
-from rlvla3.world import derive
 from rlvla3.cluster.compose import CONF_DIR, compose
+from rlvla3.world import derive
 
 GOLDEN = Path(__file__).parent / "golden"
 CLUSTERS = sorted(p.stem for p in (CONF_DIR / "cluster").glob("slurm_*.yaml"))

@@ -15,8 +15,9 @@ from typing import Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 from omegaconf import OmegaConf, open_dict
+
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
 
 log = logging.getLogger(__name__)
 

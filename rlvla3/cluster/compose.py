@@ -28,7 +28,8 @@ def register_schema() -> None:
 
 def compose(overrides: list[str] | None = None):
     """RunConfig from conf/ plus Hydra-style overrides, without starting anything (tests, bench)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from ..config import to_config
 

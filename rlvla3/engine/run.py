@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+
 class Preemption:
     """Slurm's warning before a time limit or preemption (USR2, see slurm.py).
 
@@ -56,7 +57,8 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
 
     from mpi4py import MPI
 
-    from .. import config, world as world_mod
+    from .. import config
+    from .. import world as world_mod
     from .metrics import Metrics
     from .transport import MpiLink, Transport
     from .wiring import Wiring

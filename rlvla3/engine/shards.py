@@ -17,7 +17,6 @@ step are read again, because the model that trained them was never committed).
 from __future__ import annotations
 
 import json
-
 import os
 import re
 import shutil

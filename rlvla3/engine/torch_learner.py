@@ -24,6 +24,7 @@ from ..policies.base import flat_params, pick_device
 from . import shards
 from .learners import LOSS_KEYS
 from .protocol import GroupAddress, Slice, Tag
+
 ROW_KEYS = ("images", "proprio", "tokens", "sample", "valid", "logp_behav", "logp_prox", "adv", "ret")
 
 
@@ -171,9 +172,9 @@ class TorchLearner:
 
     def _to_megatron(self) -> None:
         """Swap the policy's transformers LM for its Megatron copy (same weights, this rank's shard)."""
-        from .megatron_lm import init_parallel
-
         from megatron.core import parallel_state
+
+        from .megatron_lm import init_parallel
 
         init_parallel(self.tp, seed=self.cfg.policy.init_seed)
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()

@@ -48,7 +48,7 @@ def make_learner(cfg, world, spec, metrics, index: int, shards_dir):
     n = len(world.train_ranks)
     if cfg.policy.name == "emulated":
         return EmulatedLearner(cfg, spec, metrics, n, index)
-    from .torch_learner import TorchLearner   # torch: never on emulated ranks
+    from .torch_learner import TorchLearner  # torch: never on emulated ranks
     return TorchLearner(cfg, world, spec, metrics, n, index, shards_dir)
 
 

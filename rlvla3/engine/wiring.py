@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .protocol import (CheckpointAck, ClockSync, Done, GroupAddress, Heartbeat, ShardReady, Stop, Tag, TrainOrder,
-                       WeightsHeader, tag_family)
+from .protocol import CheckpointAck, ClockSync, Done, GroupAddress, Heartbeat, ShardReady, Stop, Tag, TrainOrder, WeightsHeader, tag_family
 
 BUFFER = np.ndarray   # bulk data: a preallocated numpy buffer sent with the uppercase MPI calls
 

@@ -24,16 +24,16 @@ def env_dims(cfg) -> EnvDims:
     """The EnvDims of `cfg.env` (cfg: RunConfig); `world.spec` adds the policy's side."""
     e = cfg.env
     if e.name == "toy":
-        from .toy import PROPRIO_DIM, ACTION_DIM
+        from .toy import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = 1, PROPRIO_DIM, ACTION_DIM
     elif e.name == "robosuite":
-        from .robosuite_env import PROPRIO_DIM, ACTION_DIMS
+        from .robosuite_env import ACTION_DIMS, PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIMS[e.arm_controller]
     elif e.name == "robocasa":
-        from .robocasa_env import PROPRIO_DIM, ACTION_DIM
+        from .robocasa_env import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "metaworld":
-        from .metaworld_env import PROPRIO_DIM, ACTION_DIM
+        from .metaworld_env import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "emulated":
         cams, prop, act = 1, e.proprio_dim, e.action_dim

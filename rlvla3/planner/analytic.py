@@ -9,9 +9,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .layout import Layout, SEGMENTS_PER_STEP, SEGMENT_STEPS, lockstep_components
+from .layout import SEGMENT_STEPS, SEGMENTS_PER_STEP, Layout, lockstep_components
 from .profile import MS_PER_S, Profile, require
-
 
 LOGNORMAL_GRID = 4001
 """Grid points of the numerical integral for E[max of n log-normals]."""

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.batcher import DynamicBatcher
-
 from .analytic import Estimate, _chunks, forward_ms
-from .layout import Layout, SEGMENTS_PER_STEP, SEGMENT_STEPS, lockstep_components
+from .layout import SEGMENT_STEPS, SEGMENTS_PER_STEP, Layout, lockstep_components
 from .profile import MS_PER_S, PlannerError, Profile
-
 
 # The DES.
 DES_WARMUP_VERSIONS = 2

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 
 from ..config import AlgoConfig
 from ..world import assign_generators
-
 from .profile import Profile, require
-
 
 SEGMENT_STEPS = AlgoConfig().segment_steps
 """Steps per segment: the schema's default (each group gives one segment per rollout step)."""

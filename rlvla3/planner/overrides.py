@@ -3,8 +3,7 @@ config and what `plan validate` hands to the engine."""
 from __future__ import annotations
 
 from ..config import PolicyConfig
-
-from .layout import CORES_PER_GPU_NODE, CPUS_PER_GPU_RANK, CPUS_PER_SIM_RANK, Layout, MICRO_BATCH, SEGMENT_STEPS, layout_sharding
+from .layout import CORES_PER_GPU_NODE, CPUS_PER_GPU_RANK, CPUS_PER_SIM_RANK, MICRO_BATCH, SEGMENT_STEPS, Layout, layout_sharding
 from .profile import Profile
 
 

@@ -8,7 +8,6 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-
 MS_PER_S = 1000.0
 
 class PlannerError(ValueError):

@@ -8,12 +8,10 @@ import math
 from dataclasses import dataclass
 
 from ..config import GeneratorConfig, ModeConfig, ShardingConfig
-
 from .analytic import Estimate, analytic
 from .des import DesResult, simulate
 from .layout import Layout, envs_per_sim_rank
 from .profile import Profile, require
-
 
 CPU_CORES_PER_GPU = 16
 """Default CPU budget: the shipped slurm_G.yaml give G Simulator ranks x 16 cores for G GPUs."""
@@ -157,7 +155,7 @@ def sync_layouts(profile: Profile, gpus: int, max_envs: int) -> tuple[list[Layou
 
 
 def _best_analytic(profile: Profile, layouts: list[Layout]) -> Scored:
-    scored = [Scored(l, analytic(profile, l)) for l in layouts]
+    scored = [Scored(lay, analytic(profile, lay)) for lay in layouts]
     return max(scored, key=lambda s: s.analytic.steps_per_s)
 
 
@@ -171,7 +169,7 @@ def propose(profile: Profile, gpus: int, cpu_cores: int | None = None, des_check
     check_gpus(profile, gpus)
     cpu_cores = CPU_CORES_PER_GPU * gpus if cpu_cores is None else cpu_cores
     max_envs = env_budget(profile, cpu_cores)
-    scored = [Scored(l, analytic(profile, l)) for l in async_candidates(profile, gpus, max_envs)]
+    scored = [Scored(lay, analytic(profile, lay)) for lay in async_candidates(profile, gpus, max_envs)]
     require(bool(scored), "gpus", gpus, f"no valid layout with {max_envs} envs")
     best_thr = max(s.analytic.steps_per_s for s in scored)
     scored.sort(key=lambda s: _preference(s, best_thr))

@@ -94,7 +94,8 @@ def measure(profile: Profile, ranks: int, mode: str, root: Path, seed: int = 0, 
     cpu = sum(r["cpu_s"] + r["cpu_children_s"] for r in read_summaries(run))
     load = cpu / wall / (os.cpu_count() or 1)
     return {"ranks": ranks, "mode": mode, "envs": lay.num_envs, "analytic": predicted, "des": des.steps_per_s,
-            "measured": measured, "consumed": steady_throughput(history), "err_analytic": predicted / measured - 1, "err_des": des.steps_per_s / measured - 1,
+            "measured": measured, "consumed": steady_throughput(history),
+            "err_analytic": predicted / measured - 1, "err_des": des.steps_per_s / measured - 1,
             "cpu_load": load, "wall_s": wall, "run": str(run), "layout": dataclasses.asdict(lay)}
 
 

@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return proc.returncode
     succ, eps = count(run_dir, cfg.algo.max_versions)
     lo, hi = wilson(succ, eps)
-    result = {"checkpoint": a.checkpoint, "average_last": a.average_last, "episodes": eps, "successes": succ, "success_rate": succ / max(eps, 1),
-              "wilson95": [lo, hi], "seed": a.seed}
+    result = {"checkpoint": a.checkpoint, "average_last": a.average_last, "episodes": eps, "successes": succ,
+              "success_rate": succ / max(eps, 1), "wilson95": [lo, hi], "seed": a.seed}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
     print(f"success {succ}/{eps} = {succ / max(eps, 1):.3f}  (95% Wilson interval {lo:.3f}-{hi:.3f})  {run_dir}")
     return 0

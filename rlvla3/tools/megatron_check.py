@@ -8,8 +8,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..engine.megatron_lm import (MegatronLlama, build_gpt, full_logits, gather_hf, gather_named, hf_to_mcore,
-                                 hidden_states, init_parallel, local_state)
+from ..engine.megatron_lm import (
+    MegatronLlama,
+    build_gpt,
+    full_logits,
+    gather_hf,
+    gather_named,
+    hf_to_mcore,
+    hidden_states,
+    init_parallel,
+    local_state,
+)
 
 
 def check(steps: int = 2) -> dict:
@@ -110,7 +119,8 @@ def check_gpu(steps: int = 3) -> dict:
     out = {"device": torch.cuda.get_device_name(0), "steps": steps}
 
     def loss_of(logits):
-        return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.reshape(-1), reduction="none").mul(mask.reshape(-1)).sum() / mask.sum()
+        per_token = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), labels.reshape(-1), reduction="none")
+        return per_token.mul(mask.reshape(-1)).sum() / mask.sum()
 
     for step in range(steps):
         ref = hf(input_ids=ids, attention_mask=mask, position_ids=torch.arange(32, device="cuda").expand(4, -1)).logits

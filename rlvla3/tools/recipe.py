@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-
 STAGE_TIMEOUT = 3 * 3600.0   # s; each stage also bounds its own waits (runtime.*, --timeout)
 
 
