@@ -1,4 +1,4 @@
-"""Every message rlvla3 ranks exchange, and its MPI tag.
+"""Every message rlvla3 ranks exchange, and its MPI tag (who sends which to whom: wiring.py).
 
 Control messages are small frozen dataclasses sent pickled (lowercase mpi4py, ~10 µs).
 Bulk data never rides in them: observations and actions travel as packed numpy byte buffers
