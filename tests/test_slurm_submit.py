@@ -116,3 +116,12 @@ def test_one_bad_sweep_point_submits_nothing(tmp_path):
     assert out.returncode != 0
     assert "sweep point #1" in out.stderr and "cluster.time='2h'" in out.stderr
     assert not list(tmp_path.glob("*/slurm")) and not list(tmp_path.glob("*/config.yaml"))
+
+
+def test_the_checkout_paths_the_package_resolves_exist():
+    """conf/ and slurm/scale_test.sh are found from the package's own location (a moved module
+    once pointed one folder too high)."""
+    from rlvla3.cluster import compose, scale
+
+    assert (compose.CONF_DIR / "config.yaml").is_file() and scale.SCRIPT.is_file()
+    assert (compose.CONF_DIR / "profile" / "emulated_validation.yaml").is_file()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+REPO = Path(__file__).resolve().parents[2]   # the checkout: conf/ and slurm/ live beside the package
+CONF_DIR = REPO / "conf"
 
 
 def register_schema() -> None:

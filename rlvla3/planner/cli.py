@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..cluster.compose import CONF_DIR
 from .analytic import Estimate, analytic
 from .des import simulate
 from .layout import layout_sharding
@@ -137,7 +138,7 @@ def validate(args) -> int:
 
     from . import validate as V
 
-    profile = load_profile(args.profile or Path(__file__).parent.parent / "conf/profile/emulated_validation.yaml")
+    profile = load_profile(args.profile or CONF_DIR / "profile/emulated_validation.yaml")
     out = args.out or Path(tempfile.mkdtemp(prefix="rlvla3-validate-"))
     out.mkdir(parents=True, exist_ok=True)
     rows = []

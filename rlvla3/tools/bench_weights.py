@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import weights
+from ..engine.protocol import Tag
 from ..engine.transport import MpiLink, Transport
 from ..engine.wiring import EDGES, Edge, Wiring
 
@@ -25,7 +26,7 @@ class Decoded:
     max_abs_error: float
 
 
-BENCH_EDGES = (*(e for e in EDGES if e.tag.name == "WEIGHTS_BUF"),
+BENCH_EDGES = (*(e for e in EDGES if e.tag in (Tag.WEIGHTS_BUF, Tag.HEARTBEAT)),
                Edge("generator", "trainer0", BENCH_ACK, Decoded, "benchmark: the buffer arrived and was checked"))
 
 
