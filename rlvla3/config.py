@@ -58,6 +58,9 @@ class EnvConfig:
     """Seconds a child env process may take for one step before it is killed and restarted."""
     reset_timeout: float = 120.0
     """Seconds a child env process may take to start or reset before it is killed and restarted."""
+    max_failed_starts: int = 3
+    """Consecutive times one env's child process may die or time out before it ever answers (a bad
+    env.task, a missing simulator, no headless GL) before the job fails instead of restarting it."""
     in_process: bool = False
     """Run envs inside the Simulator rank instead of one spawned child per env (toy/emulated)."""
     grid: int = 4

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from .config import ConfigError, RunConfig
 from .envs import env_dims, in_process
@@ -195,6 +196,16 @@ def _require(ok: bool, name: str, value, fix: str) -> None:
         raise ConfigError(f"{name}={value!r}: {fix}")
 
 
+def _require_path(path: str, name: str, what: str, want_dir: bool) -> None:
+    """An input path the run will read: checked before any rank starts (empty: not used)."""
+    if not path:
+        return
+    p = Path(path)
+    ok = p.is_dir() if want_dir else p.is_file()
+    _require(ok, name, path, f"no such {'folder' if want_dir else 'file'}; give {what}" +
+             (f" ({p} is a {'folder' if p.is_dir() else 'file'})" if p.exists() else ""))
+
+
 def validate(cfg: RunConfig) -> None:
     """Check every field a run depends on; the first bad one raises ConfigError."""
     e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
@@ -206,7 +217,10 @@ def validate(cfg: RunConfig) -> None:
     _require(e.arm_controller == "OSC_POSE" or e.name == "robosuite", "env.arm_controller", e.arm_controller,
              f"only env.name=robosuite can change its arm controller (env.name={e.name!r})")
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
+    _require(p.patch >= 1, "policy.patch", p.patch, "must be >= 1 (pixels per image patch)")
+    _require(e.image_size >= p.patch, "env.image_size", e.image_size, f"must be >= policy.patch={p.patch}")
     _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
+    _require(e.max_failed_starts >= 0, "env.max_failed_starts", e.max_failed_starts, "must be >= 0")
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
     _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
     _require(0.0 <= e.success_rate <= 1.0, "env.success_rate", e.success_rate, "must be in [0, 1]")
@@ -231,12 +245,19 @@ def validate(cfg: RunConfig) -> None:
         _require(getattr(p, name) >= 0, f"policy.{name}", getattr(p, name), "must be >= 0")
     _require(p.train_samples_per_s > 0, "policy.train_samples_per_s", p.train_samples_per_s, "must be > 0")
     _require(p.emulated_params >= 1, "policy.emulated_params", p.emulated_params, "must be >= 1")
+    _require(p.heads >= 1, "policy.heads", p.heads, "must be >= 1")
     _require(p.d_model % p.heads == 0, "policy.d_model", p.d_model, f"must be divisible by policy.heads={p.heads}")
+    _require(p.vocab >= 3, "policy.vocab", p.vocab, "must be >= 3 (ids 0 and 1 are padding and end of text)")
+    _require(p.instruction_len >= 1, "policy.instruction_len", p.instruction_len, "must be >= 1")
+    _require_path(p.init_from, "policy.init_from", "a checkpoint file (.pt)", want_dir=False)
+    _require_path(p.pretrained, "policy.pretrained", "a local checkpoint folder (config.json + weights)", want_dir=True)
     _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")
     _require(p.torch_threads >= 1, "policy.torch_threads", p.torch_threads, "must be >= 1")
     _require(a.name in ("ppo", "grpo", "vtrace"), "algo.name", a.name, "use ppo, grpo or vtrace")
     _require(a.kl_coef >= 0, "algo.kl_coef", a.kl_coef, "must be >= 0")
+    _require(a.lr > 0, "algo.lr", a.lr, "must be > 0")
+    _require(a.clip > 0, "algo.clip", a.clip, "must be > 0")
     _require(a.vtrace_rho_clip > 0 and a.vtrace_c_clip > 0, "algo.vtrace_rho_clip", a.vtrace_rho_clip,
              "V-trace clips must be > 0")
     if a.name == "grpo" or cfg.runtime.evaluate:
@@ -291,8 +312,12 @@ def validate(cfg: RunConfig) -> None:
              f"a group larger than the batch limit min(generator.b_max, policy.max_batch)={b_max} could never be served")
     _require(len(plan) and sum(len(r) for r in plan) >= c.gen_ranks, "cluster.gen_ranks", c.gen_ranks,
              "more Generators than env groups would leave a Generator idle")
-    _require(cfg.runtime.liveness_timeout > 2 * cfg.runtime.heartbeat_interval, "runtime.liveness_timeout",
-             cfg.runtime.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")
+    rt = cfg.runtime
+    for name in ("heartbeat_interval", "startup_timeout", "shutdown_timeout", "max_wall"):
+        _require(getattr(rt, name) > 0, f"runtime.{name}", getattr(rt, name), "must be > 0 (seconds)")
+    _require(rt.ckpt_every >= 1, "runtime.ckpt_every", rt.ckpt_every, "must be >= 1 (checkpoint every N versions)")
+    _require(rt.liveness_timeout > 2 * rt.heartbeat_interval, "runtime.liveness_timeout",
+             rt.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")
     _require(sum(len(r) for r in plan) < 30000, "sharding.plan", "too many groups", "keep under 30000 groups (MPI tag range)")
 
 

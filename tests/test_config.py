@@ -16,6 +16,20 @@ from rlvla3.world import derive, sharding_plan
     ("generator.b_max=1", "sharding.plan"),
     ("policy.device=tpu", "policy.device"),
     ("mode.eta=-1", "mode.eta"),
+    # values that used to pass validation and fail later, inside a rank (or as a bare ZeroDivisionError)
+    ("runtime.ckpt_every=0", "runtime.ckpt_every"),
+    ("policy.patch=0", "policy.patch"),
+    ("policy.heads=0", "policy.heads"),
+    ("env.image_size=0", "env.image_size"),
+    ("env.image_size=-8", "env.image_size"),
+    ("policy.vocab=2", "policy.vocab"),
+    ("policy.instruction_len=0", "policy.instruction_len"),
+    ("algo.clip=-0.5", "algo.clip"),
+    ("algo.lr=-1.0", "algo.lr"),
+    ("runtime.startup_timeout=0", "runtime.startup_timeout"),
+    ("env.max_failed_starts=-1", "env.max_failed_starts"),
+    ("policy.init_from=/nonexistent.pt", "policy.init_from"),
+    ("policy.pretrained=/nonexistent", "policy.pretrained"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -66,3 +80,16 @@ def test_defaults_are_the_robosuite_lift_run():
     cfg = compose([])
     assert (cfg.env.name, cfg.env.task, cfg.env.robot, cfg.mode.name, cfg.cluster.name) == (
         "robosuite", "Lift", "Panda", "async", "local")
+
+
+def test_input_paths_are_checked_before_any_rank_starts(tmp_path):
+    """A missing or wrong-kind checkpoint path fails in the launcher, naming the field (it used to
+    be found after mpiexec had started every rank, inside an MPI abort traceback)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "+experiment=toy", f"run_dir={tmp_path / 'r'}",
+                          f"policy.init_from={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"policy.init_from='{tmp_path}': no such file" in out.stderr and "is a folder" in out.stderr
+    assert not (tmp_path / "r").exists() and "mpiexec" not in out.stdout

@@ -138,3 +138,14 @@ def _resume_cfg(run, versions):
     cfg = config.replace(cfg, resume=True, algo={"max_versions": versions})
     cfg, d = prepare_run_dir(cfg, run)
     return cfg, d.size, run
+
+
+@pytest.mark.sim
+def test_an_env_that_cannot_start_fails_the_job_naming_the_task(tmp_path):
+    """env.task=NoSuchTask: the job ends non-zero after bounded restarts, the message names the task
+    (it used to restart the children forever, and the launcher never returned)."""
+    t0 = time.monotonic()
+    proc, _ = run_engine(tmp_path, ["env=robosuite_lift", "env.task=NoSuchTask", "algo.max_versions=1",
+                                    "runtime.tensorboard=false"], timeout=180)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 180
+    assert "EnvStartError" in proc.stderr and "env.task='NoSuchTask'" in proc.stderr, proc.stderr[-3000:]

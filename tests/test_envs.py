@@ -216,3 +216,47 @@ def test_position_only_arm_is_refused_where_it_does_not_apply():
         validate(compose(["env=metaworld_pickplace", "env.arm_controller=OSC_POSITION"]))
     with pytest.raises(ConfigError, match="OSC_POSE or OSC_POSITION"):
         validate(compose(["env.arm_controller=JOINT_VELOCITY"]))
+
+
+def test_env_children_survive_slurms_preemption_signal_and_a_dead_child_is_restarted():
+    """Slurm sends USR2 to every process of the step before the time limit: the env children must
+    live on (the rank checkpoints and requeues on it). A child that dies while its group waits for
+    an action is restarted when the group next sends, instead of raising BrokenPipeError."""
+    from rlvla3.envs.hosting import ProcessVecEnv
+
+    g = ProcessVecEnv(compose(["+experiment=toy"]), [0], 0, True)
+    try:
+        reset(g)
+        pid = g.procs[0].pid
+        os.kill(pid, signal.SIGUSR2)
+        os.kill(pid, signal.SIGUSR1)
+        time.sleep(1.0)
+        assert g.procs[0].is_alive(), f"exit code {g.procs[0].exitcode}"
+        drive(g, np.zeros((1, 1, 2), np.float32))
+        os.kill(pid, signal.SIGKILL)          # dies while the group waits for its next action
+        g.procs[0].join(timeout=10)
+        out = drive(g, np.zeros((1, 1, 2), np.float32))
+        assert out.errors == 1 and out.truncated[0] and g.procs[0].pid != pid and g.procs[0].is_alive()
+    finally:
+        g.close()
+
+
+@pytest.mark.sim
+def test_an_env_that_cannot_start_fails_after_bounded_restarts():
+    """env.task=NoSuchTask: every child dies at start-up; after env.max_failed_starts restarts the
+    group raises, naming the env and the task, instead of restarting forever."""
+    from rlvla3.envs.hosting import EnvStartError, ProcessVecEnv
+
+    cfg = compose(["env=robosuite_lift", "env.task=NoSuchTask", "env.max_failed_starts=1"])
+    g = ProcessVecEnv(cfg, [0], 0, True)
+    t0 = time.monotonic()
+    try:
+        g.start_reset()
+        with pytest.raises(EnvStartError, match=r"env 0: its child process died \(exit code 1\).*2 times.*NoSuchTask"):
+            while not g.ready():
+                assert time.monotonic() - t0 < 120, "still restarting"
+                time.sleep(0.05)
+    finally:
+        for p in g.procs:
+            if p is not None and p.is_alive():
+                p.kill()

@@ -157,3 +157,20 @@ def test_evaluation_of_a_grpo_run_starts_every_episode_from_its_own_state(tmp_pa
     distinct = len({s.tobytes() for s in starts})
     # Group size 4: shared seeds would give at most 8 distinct first observations.
     assert distinct > 24, f"only {distinct} distinct initial observations in 32 evaluation episodes"
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_evaluate_names_a_checkpoint_that_does_not_load_and_never_advises_unsafe_loading(tmp_path, damage):
+    import torch
+
+    bad = tmp_path / "v000001.pt"
+    if damage == "garbage":
+        bad.write_text("not a checkpoint")
+    else:
+        torch.save({"model": {"w": torch.zeros(4096)}}, bad)
+        bad.write_bytes(bad.read_bytes()[:3000])      # a crash or a full disk cut it short
+    out = subprocess.run([sys.executable, "-m", "rlvla3.evaluate", "--checkpoint", str(bad), "+experiment=toy",
+                          "--out", str(tmp_path / "eval")], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert f"{bad}: not a readable checkpoint" in out.stderr, out.stderr[-2000:]
+    assert "weights_only" not in out.stderr + out.stdout and not (tmp_path / "eval").exists()

@@ -28,6 +28,29 @@ def all_ckpts(ckpt_dir: Path) -> list[Path]:
     return sorted(ckpt_dir.glob("v*.pt"), key=ckpt_order)
 
 
+class CheckpointError(RuntimeError):
+    """A file given as a checkpoint is not one that loads (safely)."""
+
+
+def load_torch(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
+    """A torch checkpoint, loaded with weights_only=True. A file that does not load (truncated by
+    a crash or a full disk, or not a checkpoint at all) is named; torch's own advice to load it
+    unsafely is left out, and so is its traceback."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, zipfile.BadZipFile) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        why = f"{type(e).__name__}" + (f": {first[:200]}" if first and "weights_only" not in first else "")
+        raise CheckpointError(f"{path}: not a readable checkpoint ({why}). A run's ckpt/v*.pt or the output of "
+                              "python -m rlvla3.sft is one; a file cut short (a crash while writing, a full disk) "
+                              "is not") from None
+
+
 def publish(save, state: dict, path: Path) -> Path:
     """save(state, tmp) then rename tmp -> path (atomic within the folder)."""
     tmp = path.with_suffix(".tmp")

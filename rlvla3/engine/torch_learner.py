@@ -22,6 +22,7 @@ from ..algo import decoupled_ppo_loss, gae, grpo_advantages, lr_at, vtrace
 from ..policies import make_policy
 from ..policies.base import flat_params, pick_device
 from . import shards
+from .checkpoints import load_torch
 from .learners import LOSS_KEYS
 from .protocol import GroupAddress, Slice, Tag
 
@@ -102,7 +103,7 @@ def load_init(policy, path: str) -> None:
     if not p.is_file():
         raise FileNotFoundError(f"policy.init_from={path}: no such checkpoint file (a run's ckpt/v*.pt or the "
                                 f"output of python -m rlvla3.sft)")
-    state = torch.load(p, map_location="cpu", weights_only=True)
+    state = load_torch(p)
     model = state.get("model", state)
     try:
         policy.load_state_dict(model)
@@ -495,4 +496,4 @@ class TorchLearner:
         torch.save(state, path)
 
     def load(self, path: Path) -> dict:
-        return torch.load(path, map_location=self.device, weights_only=True)
+        return load_torch(path, map_location=self.device)

@@ -14,6 +14,7 @@ reset timeout, or dies, is killed and restarted; its episode is marked truncated
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -179,8 +180,18 @@ class LocalVecEnv(_GroupBase):
             e.close()
 
 
+class EnvStartError(RuntimeError):
+    """An env's child process keeps dying (or hanging) before it ever answers."""
+
+
 def _worker(conn, cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -> None:
-    """Child process: host one env and answer ('reset',) / ('step', action) / ('close',)."""
+    """Child process: host one env and answer ('reset',) / ('step', action) / ('close',).
+
+    Slurm signals every process of a job step with USR2 before the time limit (the rank checkpoints
+    and requeues on it) and `kill -USR1` asks a rank for its stacks: a child killed by either would
+    take its episode with it, so the child ignores both."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     ep = Episode(cfg, env_id, seed, auto_reset)
     ep.episode = episode
     while True:
@@ -205,6 +216,8 @@ class ProcessVecEnv(_GroupBase):
         self.procs: list = [None] * len(self.env_ids)
         self.conns: list = [None] * len(self.env_ids)
         self.restarts = [0] * len(self.env_ids)
+        self.answered = [False] * len(self.env_ids)        # the current child has sent a result
+        self.failed_starts = [0] * len(self.env_ids)       # consecutive children that never answered
         self._pending: dict[int, tuple[str, float]] = {}   # env index -> (kind, deadline)
         self._out: list[StepOut | None] = [None] * len(self.env_ids)
         for k in range(len(self.env_ids)):
@@ -219,6 +232,7 @@ class ProcessVecEnv(_GroupBase):
         p.start()
         child.close()
         self.procs[k], self.conns[k] = p, parent
+        self.answered[k] = False
 
     def _kill(self, k: int) -> None:
         p = self.procs[k]
@@ -230,47 +244,68 @@ class ProcessVecEnv(_GroupBase):
 
     def start_reset(self, seed: int | None = None) -> None:
         deadline = time.monotonic() + self.cfg.env.reset_timeout
-        for k, c in enumerate(self.conns):
-            c.send(("reset", seed))
-            self._pending[k] = ("reset", deadline)
+        for k in range(len(self.conns)):
+            self._send(k, ("reset", seed), "reset", deadline)
 
     def start_step(self, actions: np.ndarray | None) -> None:
         """actions [n, K, A], or None: every env's scripted expert takes one step."""
         deadline = time.monotonic() + self.cfg.env.step_timeout
-        for k, c in enumerate(self.conns):
-            c.send(("step", None if actions is None else np.asarray(actions[k], np.float32)))
-            self._pending[k] = ("step", deadline)
+        for k in range(len(self.conns)):
+            self._send(k, ("step", None if actions is None else np.asarray(actions[k], np.float32)), "step", deadline)
+
+    def _send(self, k: int, cmd: tuple, kind: str, deadline: float) -> None:
+        """A child that died while its group waited (for an action) is found here: `ready` restarts it."""
+        try:
+            self.conns[k].send(cmd)
+        except OSError:
+            deadline = 0.0
+        self._pending[k] = (kind, deadline)
 
     def ready(self) -> bool:
         now = time.monotonic()
         for k, (kind, deadline) in list(self._pending.items()):
+            died = deadline == 0.0   # _send found its pipe broken
             try:
                 has = self.conns[k].poll()
                 msg = self.conns[k].recv() if has else None
             except (EOFError, OSError):
                 has, msg = False, None
-                deadline = 0.0  # the child died: restart now
+                deadline, died = 0.0, True  # the child died: restart now
             if has:
+                self.answered[k] = True
+                self.failed_starts[k] = 0
                 self._out[k] = self.first([msg])[0] if kind in ("reset", "restart") and isinstance(msg, Obs) else msg
                 if kind == "restart":
                     o = self._out[k]
                     self._out[k] = StepOut(o.obs, 0.0, False, True, False, True, 0.0, 0.0, 0.0, steps=0)
                 del self._pending[k]
             elif now > deadline:
-                self._restart(k, kind)
+                self._restart(k, kind, died)
         return not self._pending
 
     def deadline(self) -> float | None:
         return None  # results arrive from the children; nothing is due at a known time
 
-    def _restart(self, k: int, kind: str) -> None:
-        print(f"[env {self.env_ids[k]}] child process {'died' if not self.procs[k].is_alive() else 'timed out'} "
-              f"during {kind}; restarting it (episode truncated)", flush=True)
+    def _restart(self, k: int, kind: str, died: bool) -> None:
+        p = self.procs[k]
+        if died:
+            p.join(timeout=5)   # its pipe closed: let it finish exiting, for the exit code
+        what = f"died (exit code {p.exitcode})" if died or not p.is_alive() else "timed out"
+        if not self.answered[k]:
+            self.failed_starts[k] += 1
+        if self.failed_starts[k] > self.cfg.env.max_failed_starts:
+            self._kill(k)
+            e = self.cfg.env
+            raise EnvStartError(
+                f"env {self.env_ids[k]}: its child process {what} before answering, {self.failed_starts[k]} times in "
+                f"a row (env.max_failed_starts={e.max_failed_starts}); env.name={e.name!r} env.task={e.task!r} "
+                f"env.cameras={list(e.cameras)}: the child's traceback is above (an unknown task or camera, a "
+                "simulator that is not installed, no headless GL: MUJOCO_GL=egl needs libegl1)")
+        print(f"[env {self.env_ids[k]}] child process {what} during {kind}; restarting it (episode truncated)", flush=True)
         self._kill(k)
         self.restarts[k] += 1
         self._spawn(k)
-        self.conns[k].send(("reset", None))
-        self._pending[k] = ("restart", time.monotonic() + self.cfg.env.reset_timeout)
+        self._send(k, ("reset", None), "restart", time.monotonic() + self.cfg.env.reset_timeout)
 
     def result(self) -> GroupStep:
         out, self._out = self._out, [None] * len(self.env_ids)

@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import sys
+import zipfile
 from datetime import datetime
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def average_checkpoints(last: Path, n: int, out: Path) -> Path:
     mid-version checkpoint, v*-s*.pt, is not a version of its own)."""
     import torch
 
-    from ..engine.checkpoints import ckpt_order
+    from ..engine.checkpoints import ckpt_order, load_torch
 
     version, mid = ckpt_order(last)
     if version < 0 or mid:
@@ -59,7 +60,7 @@ def average_checkpoints(last: Path, n: int, out: Path) -> Path:
     chosen = run[-n:]
     if len(chosen) < n:
         raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name}")
-    models = [torch.load(p, map_location="cpu", weights_only=True)["model"] for p in chosen]
+    models = [load_torch(p)["model"] for p in chosen]
     mean = {k: torch.stack([m[k].double() for m in models]).mean(0).to(models[0][k].dtype) for k in models[0]}
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": mean, "averaged": [p.name for p in chosen]}, out)
@@ -98,11 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import run_local
+    from ..engine.checkpoints import CheckpointError, load_torch
 
     if a.episodes < 1:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
     if not Path(a.checkpoint).is_file():
         raise SystemExit(f"--checkpoint {a.checkpoint}: no such file")
+    try:   # before any rank starts: memory-mapped, so a large checkpoint costs little here
+        load_torch(a.checkpoint, mmap=zipfile.is_zipfile(a.checkpoint))   # (only torch's zip format maps)
+    except CheckpointError as e:
+        raise SystemExit(f"--checkpoint {e}") from None
     if a.average_last < 1:
         raise SystemExit(f"--average-last={a.average_last}: must be >= 1")
     run_dir = Path(a.out or f"runs/eval/{datetime.now():%Y-%m-%d-%H-%M-%S}")
