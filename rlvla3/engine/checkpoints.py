@@ -8,7 +8,9 @@ reader never sees half a file.
 """
 from __future__ import annotations
 
+import os
 import re
+import zipfile
 from pathlib import Path
 
 
@@ -37,7 +39,6 @@ def load_torch(path: str | Path, map_location="cpu", mmap: bool = False) -> dict
     a crash or a full disk, or not a checkpoint at all) is named; torch's own advice to load it
     unsafely is left out, and so is its traceback."""
     import pickle
-    import zipfile
 
     import torch
 
@@ -52,8 +53,31 @@ def load_torch(path: str | Path, map_location="cpu", mmap: bool = False) -> dict
 
 
 def publish(save, state: dict, path: Path) -> Path:
-    """save(state, tmp) then rename tmp -> path (atomic within the folder)."""
+    """save(state, tmp), fsync it, rename tmp -> path (atomic within the folder), fsync the folder:
+    after a crash the name holds the whole new checkpoint or the folder holds the old ones."""
     tmp = path.with_suffix(".tmp")
     save(state, tmp)
+    _fsync(tmp)
     tmp.rename(path)
+    _fsync(path.parent)
     return path
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_newest(load, ckpt_dir: Path, say=print) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads, as (path, state); one that does not is named and passed
+    over for the one before it (a node crash can leave a named but truncated file). None: no
+    checkpoint, or none loads."""
+    for path in reversed(all_ckpts(ckpt_dir)):
+        try:
+            return path, load(path)
+        except (CheckpointError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+            say(f"checkpoint {path} does not load ({str(e).splitlines()[0][:300]}); trying the one before it")
+    return None

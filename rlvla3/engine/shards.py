@@ -110,8 +110,15 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
 
 
 def read_attrs(path: Path) -> dict:
-    """A published shard's attributes (rows, versions, ...) without reading its arrays."""
-    return json.loads((Path(path) / "zarr.json").read_text())["attributes"]
+    """A published shard's attributes (rows, versions, ...) without reading its arrays. Raises
+    ShardError for a torn or foreign folder (no or broken zarr.json, missing attributes)."""
+    try:
+        attrs = json.loads((Path(path) / "zarr.json").read_text())["attributes"]
+        for key in ("rows", "min_version", "max_version", "env_steps"):
+            int(attrs[key])
+        return attrs
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ShardError(f"{Path(path).name}: unreadable attributes ({type(e).__name__}: {e})") from e
 
 
 def read_shard(path: Path) -> tuple[dict[str, np.ndarray], dict]:
@@ -145,6 +152,17 @@ def quarantine(path: Path, reason: str) -> None:
         os.rename(path, target)
     except OSError as e:
         warnings.warn(f"could not move {path.name} aside: {e}", stacklevel=2)
+
+
+def next_seq(shards_dir: Path, gid: int) -> int:
+    """The segment index group `gid` continues at after a restart: one past the highest it ever
+    published, quarantined shards (.bad/<name>-<ms>) and deleted ones' successors included, so a
+    new shard never lands on an existing name."""
+    seqs = [p[2] for n in scan(shards_dir) if (p := parse_name(n)) and p[1] == gid]
+    bad = shards_dir / BAD_DIR
+    if bad.is_dir():
+        seqs += [p[2] for e in os.scandir(bad) if (p := parse_name(e.name.rsplit("-", 1)[0])) and p[1] == gid]
+    return max(seqs, default=-1) + 1
 
 
 def scan(shards_dir: Path) -> list[str]:

@@ -35,7 +35,7 @@ import numpy as np
 from ..config import RunConfig
 from ..envs.hosting import GroupStep, make_vec_env
 from ..world import Group, World, group_seed, spec
-from . import shards
+from . import checkpoints, shards
 from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec, request_id
 
 
@@ -253,11 +253,7 @@ class Simulator:
         self.obs_codec, self.act_codec = obs_codec(self.spec), action_codec(self.spec)
         self.shards_dir = run_dir / "shards"
         self.shards_dir.mkdir(parents=True, exist_ok=True)
-        published = shards.scan(self.shards_dir)
-        self.groups = []
-        for g in world.groups_of_sim(self.rank):
-            first_seq = sum(1 for n in published if shards.parse_name(n)[1] == g.gid)  # resume after restart
-            self.groups.append(GroupLoop(self, g, first_seq))
+        self.groups = [GroupLoop(self, g, self._first_seq(g)) for g in world.groups_of_sim(self.rank)]
         # Shards are written by one background thread (zarr compresses and writes without
         # holding the groups: a synchronous write blocked every group of the rank for ~90 ms
         # per segment); each is announced from this thread once it is on disk, in order.
@@ -265,6 +261,16 @@ class Simulator:
         self.writing: deque = deque()   # (future, ShardReady)
         self.stopped = False
         self.done = False
+
+    def _first_seq(self, g: Group) -> int:
+        """Where group g continues after a restart: past every seq it ever published, and with
+        runtime.keep_shards=false past the rollout steps the last checkpoint already trained
+        (their shards were deleted once it was committed)."""
+        seq = shards.next_seq(self.shards_dir, g.gid)
+        ckpts = checkpoints.all_ckpts(self.shards_dir.parent / "ckpt")
+        if ckpts and not self.cfg.runtime.keep_shards:
+            seq = max(seq, checkpoints.ckpt_order(ckpts[-1])[0] * self.world.segments_per_step)
+        return seq
 
     def step(self) -> bool:
         """One pass over the groups; returns True if anything progressed."""

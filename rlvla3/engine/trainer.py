@@ -95,6 +95,7 @@ class Trainer:
         self.loss_sums = defaultdict(float)
         self.t_version = time.time()
         self.history: list[dict] = []
+        self.trained_uncommitted: list[str] = []   # keep_shards=false: deleted at the next checkpoint
         self.stopping = False
         self.done = False
         self.tb = None
@@ -113,10 +114,13 @@ class Trainer:
 
     # ------------------------------------------------------------ setup
     def _resume(self) -> None:
-        ckpts = checkpoints.all_ckpts(self.ckpt_dir)
-        if not ckpts:
+        say = (lambda m: print(f"[trainer {self.index}] {m}", flush=True)) if self.leader else (lambda m: None)
+        found = checkpoints.load_newest(self.learner.load, self.ckpt_dir, say)
+        if found is None:
+            if checkpoints.all_ckpts(self.ckpt_dir):
+                raise checkpoints.CheckpointError(f"resume: no checkpoint in {self.ckpt_dir} loads (see above)")
             return
-        state = self.learner.load(ckpts[-1])
+        path, state = found
         self.learner.load_state(state)
         self.version, self.opt_step, self.rows_trained = (int(state[k]) for k in ("version", "opt_step", "rows_trained"))
         self.ledger = shards.Ledger.from_state(state["ledger"])
@@ -132,10 +136,17 @@ class Trainer:
         names = [n for n in shards.scan(self.shards_dir) if shards.parse_name(n)[0] >= self.version]
         for name in sorted(names, key=lambda n: (first.get(n, len(first)), n)):
             step, gid, seq = shards.parse_name(name)
-            attrs = shards.read_attrs(self.shards_dir / name)
+            try:
+                attrs = shards.read_attrs(self.shards_dir / name)
+            except shards.ShardError as e:
+                # Torn or foreign: set aside, and count its rows as the learner counts a shard it
+                # cannot decode (announced, trained as absent), so its rollout step still completes.
+                shards.quarantine(self.shards_dir / name, str(e))
+                rows = self.world.groups[gid].size * self.cfg.algo.segment_steps
+                attrs = {"rows": rows, "min_version": step, "max_version": step, "env_steps": 0}
             self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"],
                                       attrs["env_steps"]))
-        print(f"[trainer {self.index}] resumed from {ckpts[-1].name}: version {self.version}, step "
+        print(f"[trainer {self.index}] resumed from {path.name}: version {self.version}, step "
               f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)
 
     # ------------------------------------------------------------ intake
@@ -221,13 +232,20 @@ class Trainer:
             self.learner.state(mid_version=False)   # this rank's part of the leader's checkpoint
         if self.leader:
             self._log_version(k, arrived)
+            if not self.cfg.runtime.keep_shards:
+                self.trained_uncommitted += [m.name for m in arrived]
             if due:
                 self.checkpoint()
-            if not self.cfg.runtime.keep_shards:
-                for m in arrived:
-                    shutil.rmtree(self.shards_dir / m.name, ignore_errors=True)
+                self._delete_committed()
             if self.version >= self.cfg.algo.max_versions:
                 self._begin_stop("max_versions reached")
+
+    def _delete_committed(self) -> None:
+        """runtime.keep_shards=false: delete the shards whose training a checkpoint now holds, and
+        only those (a crash before the next checkpoint re-trains the later ones from disk)."""
+        for name in self.trained_uncommitted:
+            shutil.rmtree(self.shards_dir / name, ignore_errors=True)
+        self.trained_uncommitted = []
 
     # ------------------------------------------------------------ weights, checkpoints, logs
     def _publish(self) -> None:

@@ -1,0 +1,92 @@
+"""Resume paths, driven in one process (engine/inprocess.py) so each is seconds: a quarantined
+shard, deleted shards, a damaged checkpoint or shard, shards of versions not yet committed.
+Each test failed before its fix (the defect numbers are the reliability review's)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlvla3 import config
+from rlvla3.cluster.compose import compose
+from rlvla3.engine import checkpoints, shards
+from rlvla3.engine.inprocess import InProcessRun
+from tests.conftest import check_every_shard_consumed_once
+
+EMULATED = ["+experiment=emulated", "env.num_envs=8", "sharding.groups_per_rank=2", "algo.segment_steps=8",
+            "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32",
+            "env.step_ms=1", "env.reset_ms=5", "policy.infer_fixed_ms=1", "policy.train_samples_per_s=20000"]
+
+
+def run(run_dir: Path, versions: int, *extra, resume: bool = False) -> InProcessRun:
+    cfg = compose([*EMULATED, f"algo.max_versions={versions}", *extra])
+    if resume:
+        cfg = config.replace(cfg, resume=True)
+    r = InProcessRun(cfg, run_dir)
+    r.run(timeout=120)
+    return r
+
+
+def versions_done(run_dir: Path) -> int:
+    return json.loads((run_dir / "summary.json").read_text())["versions"]
+
+
+def test_d3_resume_after_a_quarantined_shard_continues_past_it(tmp_path):
+    """Counting a group's shards gave a seq that already existed once one was quarantined:
+    the next write failed with 'Directory not empty' on every resume."""
+    run(tmp_path, 2)
+    victim = next(n for n in shards.scan(tmp_path / "shards") if shards.parse_name(n)[1] == 0)
+    shards.quarantine(tmp_path / "shards" / victim, "test")
+    run(tmp_path, 4, resume=True)
+    assert versions_done(tmp_path) == 4
+
+
+def test_d3_d5_keep_shards_false_never_deletes_uncommitted_rows_nor_rolls_out_old_steps(tmp_path):
+    """keep_shards=false deleted every trained version's shards, checkpointed or not; a resume then
+    restarted each group near seq 0 and rolled the whole history out again."""
+    from rlvla3.engine.trainer import Trainer
+
+    extra = ("runtime.keep_shards=false", "runtime.ckpt_every=2")
+
+    def committed_rows_kept(r: InProcessRun) -> None:
+        ckpts = checkpoints.all_ckpts(tmp_path / "ckpt")
+        committed = checkpoints.ckpt_order(ckpts[-1])[0] if ckpts else 0
+        for step in range(committed, r.role(Trainer).version):
+            names = [n for n in shards.scan(tmp_path / "shards") if shards.parse_name(n)[0] == step]
+            assert names, f"step {step} is trained, not committed (last checkpoint v{committed}), and its shards are gone"
+
+    r = InProcessRun(compose([*EMULATED, "algo.max_versions=3", *extra]), tmp_path)
+    r.run(timeout=120, check=committed_rows_kept)
+    assert all(shards.parse_name(n)[0] >= 3 for n in shards.scan(tmp_path / "shards"))   # committed, then deleted
+    seen = set()
+
+    def no_old_step_rolled_out_again(r: InProcessRun) -> None:
+        steps = {shards.parse_name(n)[0] for n in shards.scan(tmp_path / "shards")}
+        seen.update(steps)
+        assert not steps or min(steps) >= 3, sorted(steps)
+
+    r = InProcessRun(config.replace(compose([*EMULATED, "algo.max_versions=5", *extra]), resume=True), tmp_path)
+    r.run(timeout=120, check=no_old_step_rolled_out_again)
+    assert versions_done(tmp_path) == 5 and seen and min(seen) == 3
+
+
+def test_d9_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+    run(tmp_path, 3)
+    newest = tmp_path / "ckpt" / "v000003.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    run(tmp_path, 4, resume=True)
+    out = capsys.readouterr().out
+    assert f"checkpoint {newest} does not load" in out and "resumed from v000002.pt" in out
+    assert versions_done(tmp_path) == 4
+    check_every_shard_consumed_once(tmp_path, 4, 64)
+
+
+def test_d9_a_rescanned_shard_with_broken_attributes_is_quarantined(tmp_path):
+    """A torn zarr.json among the shards a resume re-announces raised JSONDecodeError in the
+    Trainer's start-up on every resume."""
+    run(tmp_path, 2)
+    (tmp_path / "ckpt" / "v000002.pt").unlink()          # resume from v1: step 1 is trained again
+    victim = next(n for n in shards.scan(tmp_path / "shards") if shards.parse_name(n)[0] == 1)
+    (tmp_path / "shards" / victim / "zarr.json").write_text("{")
+    run(tmp_path, 3, resume=True)
+    assert versions_done(tmp_path) == 3
+    assert any(p.name.startswith(victim) for p in (tmp_path / "shards" / ".bad").iterdir())
