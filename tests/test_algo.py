@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from rlvla3.algo import decoupled_ppo_loss, gae
@@ -217,3 +218,25 @@ def test_lr_warms_up_then_decays_linearly_to_zero_at_the_last_step():
     assert all(a > b for a, b in zip(decayed, decayed[1:]))
     assert lr_at(1.0, 2, 4, 10, True) == 0.5 * 0.9                          # both at once
     assert lr_at(2e-4, 7, 0, 10, False) == 2e-4                             # constant by default
+
+
+def test_grpo_shard_of_mixed_initial_states_is_quarantined_not_fatal(tmp_path):
+    """A GRPO shard whose episodes started from different states is set aside and trained as
+    absent (it used to raise RuntimeError out of preload, on every resume)."""
+    from rlvla3.cluster.compose import compose
+    from rlvla3.engine import shards
+    from rlvla3.engine.metrics import Metrics
+    from rlvla3.engine.simulator import SegmentBuffer
+    from rlvla3.engine.torch_learner import TorchLearner
+    from rlvla3.world import derive, spec
+
+    cfg = compose(["+experiment=toy_grpo", "runtime.tensorboard=false"])
+    sp = spec(cfg)
+    seg = SegmentBuffer.allocate(cfg.algo.segment_steps, 2, sp)
+    (tmp_path / "shards").mkdir()
+    shards.write_shard(tmp_path / "shards", "s000000-g00000-q000000", seg.arrays, np.zeros(2, np.float32),
+                       {"reset_digests": [1, 2], "env_ids": [0, 1]})
+    learner = TorchLearner(cfg, derive(cfg), sp, Metrics(tmp_path, 0, "trainer", 0.0), 1, 0, tmp_path / "shards")
+    with pytest.warns(UserWarning, match="different initial states"):
+        assert learner.preload("s000000-g00000-q000000") is None
+    assert learner.bad == {"s000000-g00000-q000000"} and (tmp_path / "shards" / ".bad").is_dir()

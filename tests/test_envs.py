@@ -260,3 +260,29 @@ def test_an_env_that_cannot_start_fails_after_bounded_restarts():
         for p in g.procs:
             if p is not None and p.is_alive():
                 p.kill()
+
+
+def test_a_child_lost_during_a_group_reset_restarts_from_that_resets_seed():
+    """GRPO resets a group from one shared seed; a child restarted mid-reset used to reset from its
+    own seed, so the shard mixed two initial states (and crashed the Trainer on every resume)."""
+    from rlvla3.envs.hosting import LocalVecEnv, ProcessVecEnv
+
+    cfg = compose(["+experiment=toy"])
+    want = reset(LocalVecEnv(cfg, [0], 0, False), seed=123)
+    g = ProcessVecEnv(cfg, [0], 0, False)
+    try:
+        g.start_reset(123)
+        os.kill(g.procs[0].pid, signal.SIGKILL)       # still starting up: the reset is lost with it
+        got = reset_wait(g)
+        np.testing.assert_array_equal(got.images, want.images)
+        np.testing.assert_array_equal(got.proprio, want.proprio)
+    finally:
+        g.close()
+
+
+def reset_wait(vec, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not vec.ready():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return vec.result()

@@ -82,7 +82,9 @@ def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarra
     episode's length (relative to the group's mean). No critic."""
     digests = attrs.get("reset_digests") or []
     if len(set(digests)) != 1:
-        raise RuntimeError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
+        # A ShardError: the shard is quarantined and trained as absent (an env child restarted
+        # mid-reset used to make this fatal on every resume), and the warning says why.
+        raise shards.ShardError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
                            f"(first-observation digests {digests} of envs {attrs.get('env_ids')}): the env's reset "
                            f"is not a function of its seed, or the shard was not written in episodic mode")
     outcome = (a["success"] & a["valid"]).any(0).astype(np.float32)

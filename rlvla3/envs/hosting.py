@@ -218,6 +218,8 @@ class ProcessVecEnv(_GroupBase):
         self.restarts = [0] * len(self.env_ids)
         self.answered = [False] * len(self.env_ids)        # the current child has sent a result
         self.failed_starts = [0] * len(self.env_ids)       # consecutive children that never answered
+        self.reset_seed: int | None = None                 # the seed of the group reset in progress
+        self.restart_seed: list[int | None] = [None] * len(self.env_ids)
         self._pending: dict[int, tuple[str, float]] = {}   # env index -> (kind, deadline)
         self._out: list[StepOut | None] = [None] * len(self.env_ids)
         for k in range(len(self.env_ids)):
@@ -244,6 +246,7 @@ class ProcessVecEnv(_GroupBase):
 
     def start_reset(self, seed: int | None = None) -> None:
         deadline = time.monotonic() + self.cfg.env.reset_timeout
+        self.reset_seed = seed
         for k in range(len(self.conns)):
             self._send(k, ("reset", seed), "reset", deadline)
 
@@ -305,7 +308,10 @@ class ProcessVecEnv(_GroupBase):
         self._kill(k)
         self.restarts[k] += 1
         self._spawn(k)
-        self._send(k, ("reset", None), "restart", time.monotonic() + self.cfg.env.reset_timeout)
+        # A child lost during a group reset resets from that reset's seed (a shared GRPO seed: the
+        # group must stay one initial state); one lost mid-episode starts a fresh episode of its own.
+        self.restart_seed[k] = self.reset_seed if kind == "reset" else self.restart_seed[k] if kind == "restart" else None
+        self._send(k, ("reset", self.restart_seed[k]), "restart", time.monotonic() + self.cfg.env.reset_timeout)
 
     def result(self) -> GroupStep:
         out, self._out = self._out, [None] * len(self.env_ids)
