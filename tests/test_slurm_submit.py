@@ -125,3 +125,31 @@ def test_the_checkout_paths_the_package_resolves_exist():
 
     assert (compose.CONF_DIR / "config.yaml").is_file() and scale.SCRIPT.is_file()
     assert (compose.CONF_DIR / "profile" / "emulated_validation.yaml").is_file()
+
+
+def test_scale_header_carries_overrides_as_data_never_as_shell(tmp_path):
+    """`python -m rlvla3.scale header` pasted the overrides into a double-quoted shell default, and
+    the script expanded them unquoted: `$(...)` or backticks in a value ran at sbatch time."""
+    import shlex
+    import stat
+
+    from rlvla3.cluster import scale
+
+    pwned = tmp_path / "pwned"
+    value = f"pick the $(touch {pwned}) `touch {pwned}` \"red\" cube; touch {pwned}"
+    overrides = ["cluster=slurm_local", "+experiment=toy", f"env.instruction='{value}'"]
+    script = tmp_path / "scale_test.sh"
+    script.write_text(scale.SCRIPT.read_text())
+    scale.write_header(scale.header(overrides, 32, 4), script)
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/bash\nprintf '%s\\n' \"$@\" >> {tmp_path / 'args'}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = subprocess.run(["bash", str(script)], env={**os.environ, "RLVLA3_PYTHON": str(fake), "SLURM_SUBMIT_DIR": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert not pwned.exists()
+    args = (tmp_path / "args").read_text().splitlines()
+    line = args[args.index("--overrides") + 1]
+    assert shlex.split(line) == overrides
+    with pytest.raises(config.ConfigError, match="line break"):
+        scale.header(["cluster=slurm_local", "env.instruction='a\ntouch x'"], 32, 4)

@@ -49,16 +49,22 @@ def point_config(overrides: list[str], gpus: int, mode: str, envs_per_sim: int) 
 
 def header(overrides: list[str], scale_div: int, envs_per_sim: int) -> str:
     """The #SBATCH block: the largest point's two components, plus the defaults the body uses."""
+    bad = [o for o in overrides if "\n" in o or "\r" in o]
+    if bad:
+        raise config.ConfigError(f"override {bad[0]!r}: a line break cannot go into the batch script")
     big = point_config(overrides, points(scale_div)[-1], "async", envs_per_sim)
     setup = ["# site setup (cluster.setup)", *big.cluster.setup] if big.cluster.setup else []
-    return "\n".join([BEGIN + " " + " ".join(shlex.quote(o) for o in overrides) + f" --scale-div {scale_div}",
+    # The overrides reach the script as one single-quoted literal (never expanded by the shell)
+    # and python splits it back (shlex): `$(...)`, backticks, spaces and quotes stay data.
+    default = shlex.quote(shlex.join(overrides))
+    return "\n".join([BEGIN + " " + shlex.join(overrides) + f" --scale-div {scale_div}",
                       "#SBATCH --job-name=rlvla3-scale",
                       "#SBATCH --output=scale-%j.out",  # job-level options come before the first component
                       "#SBATCH --open-mode=append",
                       *slurm.component_directives(big),
                       END,
                       f': "${{RLVLA3_SCALE_DIV:={scale_div}}}"',
-                      f': "${{RLVLA3_SCALE_OVERRIDES:={" ".join(overrides)}}}"',
+                      f'[ -n "${{RLVLA3_SCALE_OVERRIDES+set}}" ] || RLVLA3_SCALE_OVERRIDES={default}',
                       *setup])
 
 
@@ -129,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--envs-per-sim", type=int, default=4)
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--point-timeout", type=float, default=1800.0, help="seconds per point")
+    ap.add_argument("--overrides", dest="overrides_line", default="",
+                    help="more Hydra overrides as one string, split as a shell would (shlex) and never evaluated")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster=slurm_local +experiment=toy")
     a = ap.parse_intermixed_args(argv)
+    a.overrides = [*a.overrides, *shlex.split(a.overrides_line)]
     if a.scale_div < 1 or not points(a.scale_div):
         ap.error(f"--scale-div={a.scale_div} leaves no point of >= 2 GPUs (budgets {GPU_BUDGETS}); use 1..128")
     if a.action == "header":
