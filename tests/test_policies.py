@@ -85,3 +85,14 @@ def test_pretrained_checkpoints_load_from_a_local_path(tmp_path):
         build(name="openvla", pretrained=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="chunk_size=2"):
         build(name="pi0", chunk=4, pretrained=str(tmp_path / "pi0"))
+
+
+def test_auto_device_spreads_the_ranks_of_a_node_over_its_gpus():
+    """policy.device=auto was torch.device("cuda") (GPU 0) in every process of a node."""
+    from rlvla3.policies.base import auto_device
+
+    assert auto_device(0, {"SLURM_LOCALID": "3"}) == "cpu"
+    assert auto_device(4, {"SLURM_LOCALID": "1"}) == "cuda:1"
+    assert auto_device(4, {"OMPI_COMM_WORLD_LOCAL_RANK": "6"}) == "cuda:2"
+    assert auto_device(1, {"SLURM_LOCALID": "5"}) == "cuda:0"      # one GPU bound per task
+    assert auto_device(2, {}) == "cuda:0"

@@ -169,7 +169,11 @@ class TorchLearner:
             addr = (got.host, got.port)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{addr[0]}:{addr[1]}", rank=self.index,
-                                world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.liveness_timeout))
+                                # Trainers finish building their models at different times (a
+                                # pretrained VLA takes minutes): the rendezvous gets the start-up
+                                # bound, not the liveness one. A dead peer is still named within
+                                # runtime.liveness_timeout by the MPI heartbeats.
+                                world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.startup_timeout))
         if self.megatron:
             self._to_megatron()
 

@@ -91,9 +91,28 @@ def load_flat_params(model: nn.Module, flat: np.ndarray) -> None:
         torch.nn.utils.vector_to_parameters(vec.to(next(model.parameters()).device), list(model.parameters()))
 
 
+LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK")
+
+
+def local_rank(environ=os.environ) -> int:
+    """This process's index among the ranks of its node, from the launcher (Slurm, Open MPI,
+    MPICH, torchrun); 0 when none says."""
+    for name in LOCAL_RANK_VARS:
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return 0
+
+
+def auto_device(n_gpus: int, environ=os.environ) -> str:
+    """policy.device=auto: "cpu" without a GPU; with one, the GPU of this rank's local index (the
+    ranks of a node spread over its visible GPUs instead of piling onto GPU 0; a site that binds
+    one GPU per task shows each rank one device, and this gives cuda:0)."""
+    return "cpu" if n_gpus == 0 else f"cuda:{local_rank(environ) % n_gpus}"
+
+
 def pick_device(setting: str) -> torch.device:
     if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(auto_device(torch.cuda.device_count() if torch.cuda.is_available() else 0))
     if setting.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"policy.device={setting} but this rank sees no CUDA device "
                            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch {torch.__version__}); "
