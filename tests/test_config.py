@@ -93,3 +93,25 @@ def test_input_paths_are_checked_before_any_rank_starts(tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"policy.init_from='{tmp_path}': no such file" in out.stderr and "is a folder" in out.stderr
     assert not (tmp_path / "r").exists() and "mpiexec" not in out.stdout
+
+
+def test_a_run_folder_held_by_a_job_is_refused_before_anything_starts(tmp_path):
+    """Two jobs on one run folder interleaved shards and overwrote checkpoints; now the job's
+    rank 0 holds <run>/.lock and the launcher refuses the folder while it is held."""
+    import subprocess
+    import sys
+
+    from rlvla3.engine.lock import RunFolderBusy, RunLock, check_free
+
+    run = tmp_path / "run"
+    held = RunLock(run).acquire()
+    try:
+        out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "+experiment=toy", f"run_dir={run}"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "is in use by pid" in out.stderr, out.stderr[-2000:]
+        assert not (run / "config.yaml").exists()
+        with pytest.raises(RunFolderBusy, match=str(run)):
+            RunLock(run).acquire()
+    finally:
+        held.release()
+    check_free(run)                       # released: free again (a requeued job takes it back)

@@ -42,10 +42,16 @@ def compose(overrides: list[str] | None = None):
 def prepare_run_dir(cfg, run_dir: Path):
     """Validate, then write the run folder (resolved config). Returns (cfg, world)."""
     from .. import config
+    from ..config import ConfigError
     from ..engine import shards
+    from ..engine.lock import RunFolderBusy, check_free
     from ..world import derive
 
     world = derive(cfg)
+    try:
+        check_free(run_dir)
+    except RunFolderBusy as e:
+        raise ConfigError(f"run_dir={str(run_dir)!r}: {e}") from None
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = config.replace(cfg, run_dir=str(run_dir))
     if cfg.resume:

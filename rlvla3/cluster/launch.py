@@ -42,13 +42,15 @@ def _main(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from .. import config
+    from ..engine.lock import RunFolderBusy, check_free
     from ..world import derive, plan_table
 
     try:
         cfg = config.to_config(dcfg)
         run_dir = Path(cfg.run_dir or HydraConfig.get().runtime.output_dir)
         world = derive(cfg)
-    except config.ConfigError as e:
+        check_free(run_dir)   # another job's run folder: refused before anything starts
+    except (config.ConfigError, RunFolderBusy) as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
     if cfg.cluster.name != "local":

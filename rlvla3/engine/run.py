@@ -71,6 +71,10 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
     world = world_mod.derive(cfg)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    held = None
+    if rank == 0:
+        from .lock import RunLock
+        held = RunLock(run).acquire()   # before anything is written: one job per run folder
     if resume and rank == 0:
         from . import shards
         shards.clean_partial(run / "shards")  # temporaries of writers that died (before any rank writes)
@@ -92,6 +96,8 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
     drive(roles, transport, preemption if rank == 0 else None)
     transport.flush(rt.shutdown_timeout)
     metrics.close()
+    if held is not None:
+        held.release()
     return 0
 
 
