@@ -90,3 +90,28 @@ def test_d9_a_rescanned_shard_with_broken_attributes_is_quarantined(tmp_path):
     run(tmp_path, 3, resume=True)
     assert versions_done(tmp_path) == 3
     assert any(p.name.startswith(victim) for p in (tmp_path / "shards" / ".bad").iterdir())
+
+
+def test_d7_rows_of_weights_a_rollback_lost_are_not_taken_as_on_policy(tmp_path):
+    """Resume from v2 after v3 was published (ckpt_every=2) but never committed: the rescanned
+    step-3 rows were produced by that lost version 3, and the resumed run's own version 3 took
+    them as fresh (log pi_prox := their behaviour log-prob). check_logprobs shows it: the
+    recomputed log-probs of "fresh" rows differed from their recorded ones (by 0.03 here), where
+    rows that really are on-policy match exactly in one process."""
+    from shutil import rmtree
+
+    from rlvla3.engine.metrics import read_records
+    from tests.conftest import TOY
+
+    toy = [*TOY, "algo.update_epochs=1", "algo.check_logprobs=true", "runtime.ckpt_every=2"]
+    InProcessRun(compose([*toy, "algo.max_versions=4"]), tmp_path).run(timeout=240)
+    (tmp_path / "ckpt" / "v000004.pt").unlink()          # the crash: versions 3 and 4 are lost
+    assert any(shards.read_attrs(tmp_path / "shards" / n)["max_version"] == 3 for n in shards.scan(tmp_path / "shards")
+               if shards.parse_name(n)[0] == 3), "the test needs step-3 rows made by the lost version 3"
+    rmtree(tmp_path / "metrics")
+    # In one process the resumed run would retrain step 2 exactly as the lost run did; another
+    # entropy bonus makes its version 3 differ from the lost one, as arrival order does across processes.
+    resumed = compose([*toy, "algo.max_versions=4", "algo.ent_coef=0.2"])
+    InProcessRun(config.replace(resumed, resume=True), tmp_path).run(timeout=240)
+    diffs = {rec["version"]: rec["v"] for _, _, rec in read_records(tmp_path, "scalar") if rec["n"] == "logp_diff_max"}
+    assert diffs and max(diffs.values()) < 1e-3, diffs

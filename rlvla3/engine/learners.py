@@ -7,6 +7,7 @@ for the profiled cost, so Trainer ranks can be emulated without torch).
 
     connect(transport, train_ranks)      data-parallel group (Trainer 0 picks the address)
     preload(name)                        read a shard ahead of its optimizer step (overlap)
+    mark_lost(name, above)               after a rollback: rows of versions > above are stale
     bad                                  shards found corrupt (quarantined, trained as absent)
     train(slices, version) -> totals     one optimizer step; totals = [rows, *LOSS_KEYS] summed
                                          over all Trainers (identical on every Trainer)
@@ -55,6 +56,9 @@ class EmulatedLearner:
 
     def forget(self, names) -> None:
         pass
+
+    def mark_lost(self, name: str, above: int) -> None:
+        pass  # emulated rows carry no log-probs to correct
 
     def new_version(self) -> None:
         pass

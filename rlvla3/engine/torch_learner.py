@@ -26,6 +26,7 @@ from .checkpoints import load_torch
 from .learners import LOSS_KEYS
 from .protocol import GroupAddress, Slice, Tag
 
+LOST_VERSION = -1   # the label of rows whose producing weights a rollback lost: older than any live version
 ROW_KEYS = ("images", "proprio", "tokens", "sample", "valid", "logp_behav", "logp_prox", "adv", "ret")
 
 
@@ -132,6 +133,7 @@ class TorchLearner:
         self.export_names = [name for name, _ in self.policy.named_parameters()]   # what Generators load
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
+        self.lost_above: dict[str, int] = {}   # shard -> the version a resume rolled back to (mark_lost)
         self.version = 0   # the version being trained (set by each `train`)
         self.total_opt_steps = cfg.algo.max_versions * world.opt_steps_per_version   # the lr schedule's length
         self.prox = self.ref = None
@@ -225,12 +227,22 @@ class TorchLearner:
         try:
             with self.metrics.timed("load_shard", shard=name):
                 self.loaded[name] = load_rows(path, self.cfg.algo, self.cfg.runtime.evaluate)
+                if name in self.lost_above:
+                    v = self.loaded[name].versions
+                    v[v > self.lost_above[name]] = LOST_VERSION
         except shards.ShardError as e:
             shards.quarantine(path, str(e))
             self.bad.add(name)
             self.metrics.scalar("bad_shards", len(self.bad))
             return None
         return self.loaded[name]
+
+    def mark_lost(self, name: str, above: int) -> None:
+        """A resume rolled back to version `above`: rows of shard `name` labelled with a later
+        version came from weights no checkpoint holds (the resumed run will publish its own
+        version `above + 1`, with the same number). They are relabelled stale, so π_prox is
+        recomputed for them instead of taken from their behaviour log-prob."""
+        self.lost_above[name] = above
 
     def forget(self, names) -> None:
         for name in names:

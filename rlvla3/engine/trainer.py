@@ -144,6 +144,8 @@ class Trainer:
                 shards.quarantine(self.shards_dir / name, str(e))
                 rows = self.world.groups[gid].size * self.cfg.algo.segment_steps
                 attrs = {"rows": rows, "min_version": step, "max_version": step, "env_steps": 0}
+            if attrs["max_version"] > self.version:   # produced by weights this rollback lost
+                self.learner.mark_lost(name, self.version)
             self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"],
                                       attrs["env_steps"]))
         print(f"[trainer {self.index}] resumed from {path.name}: version {self.version}, step "
