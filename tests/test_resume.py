@@ -115,3 +115,31 @@ def test_d7_rows_of_weights_a_rollback_lost_are_not_taken_as_on_policy(tmp_path)
     InProcessRun(config.replace(resumed, resume=True), tmp_path).run(timeout=240)
     diffs = {rec["version"]: rec["v"] for _, _, rec in read_records(tmp_path, "scalar") if rec["n"] == "logp_diff_max"}
     assert diffs and max(diffs.values()) < 1e-3, diffs
+
+
+def test_d6_mid_version_resume_keeps_its_cursor_when_a_shard_before_it_is_gone(tmp_path):
+    """A mid-version checkpoint's cursor is a position in the step's shard order; a shard before
+    it that is gone on resume (quarantined) shifted every position: the next shard was never
+    trained and the rollout step never completed."""
+    from rlvla3.engine.learners import EmulatedLearner
+    from rlvla3.engine.run import Preemption
+    from rlvla3.engine.trainer import Trainer
+
+    requeued = []
+    pre = Preemption(requeue=lambda: requeued.append(1))
+    cfg = compose([*EMULATED, "algo.max_versions=4", "algo.update_epochs=2"])
+    r = InProcessRun(cfg, tmp_path, preemption=pre)
+    r.run(timeout=120, check=lambda r: pre.handler(None, None) if r.role(Trainer).step_in_version == 1 and
+          r.role(Trainer).version == 1 else None, until=lambda r: bool(requeued))
+    mid = [p for p in checkpoints.all_ckpts(tmp_path / "ckpt") if "-s" in p.name][-1]
+    state = EmulatedLearner.load(mid)
+    order, cursor = json.loads(state["order"]), state["cursor"]
+    assert cursor[0] >= 1, (order, cursor)
+    shards.quarantine(tmp_path / "shards" / order[0][0], "test: gone before the resume")
+    r = InProcessRun(config.replace(cfg, resume=True), tmp_path)
+    r.run(timeout=120)
+    assert versions_done(tmp_path) == 4
+    state = EmulatedLearner.load(checkpoints.all_ckpts(tmp_path / "ckpt")[-1])
+    on_disk = [n for n in shards.scan(tmp_path / "shards") if shards.parse_name(n)[0] < 4]
+    assert all(state["ledger"]["rows"].get(n) == shards.read_attrs(tmp_path / "shards" / n)["rows"] for n in on_disk)
+    assert state["rows_trained"] == 4 * 64

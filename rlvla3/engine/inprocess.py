@@ -80,6 +80,14 @@ class InProcessRun:
         self.close()
 
     def close(self) -> None:
+        """What the end of a job's processes would do: shard writes finish (a run stopped by
+        `until` leaves them in flight), sends complete, metrics close."""
+        from .simulator import Simulator
+
+        for roles in self.roles:
+            for r in roles:
+                if isinstance(r, Simulator) and not r.done:
+                    r.finish_writes()
         for t in self.transports:
             t.flush(self.cfg.runtime.shutdown_timeout)
         for m in self.metrics:

@@ -326,7 +326,7 @@ class Simulator:
             work = True
         return work
 
-    def _finish_writes(self) -> None:
+    def finish_writes(self) -> None:
         deadline = time.monotonic() + self.cfg.runtime.shutdown_timeout
         while self.writing:
             if time.monotonic() > deadline:
@@ -341,7 +341,7 @@ class Simulator:
         """Stop on the Trainer's word: drop pending replies, let in-flight requests land (the
         Generators drain until every Simulator said Done), then say Done and close the envs."""
         self.stopped = True
-        self._finish_writes()   # no temporary shard left behind
+        self.finish_writes()   # no temporary shard left behind
         for g in self.groups:
             g.cancel()
             if g.send_req is not None:

@@ -130,26 +130,38 @@ class Trainer:
             self.step_in_version = int(mid)
             self.order = [(n, int(r)) for n, r in json.loads(state["order"])]
             self.cursor = tuple(int(x) for x in state["cursor"])
-        # Published shards of untrained steps are announced again: the current step's in its
-        # saved row order (the cursor points into it), then the rest in name order.
+        self._reannounce()
+        print(f"[trainer {self.index}] resumed from {path.name}: version {self.version}, step "
+              f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)
+
+    def _reannounce(self) -> None:
+        """After a resume: announce again the published shards of untrained steps, the current
+        step's in its saved row order (the cursor points into it), then the rest in name order.
+        A shard of the saved order that is gone (quarantined since) keeps its place with its
+        rows, trained as absent, so the cursor still points where it pointed."""
+        saved = dict(self.order)
         first = {n: i for i, (n, _) in enumerate(self.order)}
-        names = [n for n in shards.scan(self.shards_dir) if shards.parse_name(n)[0] >= self.version]
-        for name in sorted(names, key=lambda n: (first.get(n, len(first)), n)):
+        on_disk = {n for n in shards.scan(self.shards_dir) if shards.parse_name(n)[0] >= self.version}
+        for name in sorted(on_disk | set(saved), key=lambda n: (first.get(n, len(first)), n)):
             step, gid, seq = shards.parse_name(name)
-            try:
-                attrs = shards.read_attrs(self.shards_dir / name)
-            except shards.ShardError as e:
-                # Torn or foreign: set aside, and count its rows as the learner counts a shard it
-                # cannot decode (announced, trained as absent), so its rollout step still completes.
-                shards.quarantine(self.shards_dir / name, str(e))
-                rows = self.world.groups[gid].size * self.cfg.algo.segment_steps
-                attrs = {"rows": rows, "min_version": step, "max_version": step, "env_steps": 0}
+            if name not in on_disk:
+                attrs = self._absent(step, saved[name])
+            else:
+                try:
+                    attrs = shards.read_attrs(self.shards_dir / name)
+                except shards.ShardError as e:   # torn or foreign: set aside, trained as absent
+                    shards.quarantine(self.shards_dir / name, str(e))
+                    attrs = self._absent(step, self.world.groups[gid].size * self.cfg.algo.segment_steps)
             if attrs["max_version"] > self.version:   # produced by weights this rollback lost
                 self.learner.mark_lost(name, self.version)
             self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"],
                                       attrs["env_steps"]))
-        print(f"[trainer {self.index}] resumed from {path.name}: version {self.version}, step "
-              f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)
+
+    @staticmethod
+    def _absent(step: int, rows: int) -> dict:
+        """The attributes a shard that cannot be read is announced with: its rows count toward its
+        rollout step (the learner trains them as absent, as it does a shard it cannot decode)."""
+        return {"rows": rows, "min_version": step, "max_version": step, "env_steps": 0}
 
     # ------------------------------------------------------------ intake
     def _announce(self, msg: ShardReady) -> None:
