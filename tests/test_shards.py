@@ -108,3 +108,33 @@ def test_ledger_only_moves_forward():
     with pytest.raises(ValueError, match="move back"):
         led.advance("a", 5)
     assert shards.Ledger.from_state(led.to_state()).rows == {"a": 16}
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs: a real full disk (root can mount one; elsewhere the test says why it skips)."""
+    import subprocess
+
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root): the full-disk test needs a real full disk")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_a_full_disk_is_named_and_keeps_the_previous_checkpoint(tiny_disk):
+    """torch reports a full disk as `[enforce fail at inline_container.cc] unexpected pos`: the
+    checkpoint error now says "no space left on <folder>", and the checkpoint before survives."""
+    import torch
+
+    from rlvla3.engine import checkpoints
+
+    def save(state, path):
+        torch.save(state, path)
+
+    good = checkpoints.publish(save, {"w": torch.zeros(1000)}, tiny_disk / "v000001.pt")
+    with pytest.raises(checkpoints.CheckpointError, match=f"no space left on {tiny_disk}"):
+        checkpoints.publish(save, {"w": torch.zeros(4_000_000)}, tiny_disk / "v000002.pt")
+    assert checkpoints.load_torch(good)["w"].shape == (1000,)
+    assert sorted(p.name for p in tiny_disk.iterdir()) == ["v000001.pt"]

@@ -8,8 +8,10 @@ reader never sees half a file.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -56,11 +58,29 @@ def publish(save, state: dict, path: Path) -> Path:
     """save(state, tmp), fsync it, rename tmp -> path (atomic within the folder), fsync the folder:
     after a crash the name holds the whole new checkpoint or the folder holds the old ones."""
     tmp = path.with_suffix(".tmp")
-    save(state, tmp)
+    try:
+        save(state, tmp)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)   # the previous checkpoints are untouched
+        raise CheckpointError(f"writing checkpoint {path} failed: {why_write_failed(e, path.parent)}; "
+                              f"the checkpoints before it in {path.parent} are intact") from e
     _fsync(tmp)
     tmp.rename(path)
     _fsync(path.parent)
     return path
+
+
+def why_write_failed(e: BaseException, folder: Path) -> str:
+    """A write error in words. A full disk is said as such: torch reports it as
+    `[enforce fail at inline_container.cc] unexpected pos`, which names neither cause nor place."""
+    full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if full or (free is not None and free < 1 << 20):
+        return f"no space left on {folder} ({free if free is not None else '?'} bytes free)"
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
 
 
 def _fsync(path: Path) -> None:

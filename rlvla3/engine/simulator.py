@@ -310,7 +310,11 @@ class Simulator:
     def _write(self, name, arrays, bootstrap, attrs) -> tuple[float, float]:
         """(writer thread) -> (start, seconds) of the write, for the main thread's metrics."""
         t0, p0 = time.time(), time.perf_counter()
-        shards.write_shard(self.shards_dir, name, arrays, bootstrap, attrs)
+        try:
+            shards.write_shard(self.shards_dir, name, arrays, bootstrap, attrs)
+        except OSError as e:
+            raise OSError(e.errno, f"simulator rank {self.rank}: writing shard {name} failed: "
+                                   f"{checkpoints.why_write_failed(e, self.shards_dir)}") from e
         return t0, time.perf_counter() - p0
 
     def _announce_written(self) -> bool:
