@@ -149,3 +149,20 @@ def test_an_env_that_cannot_start_fails_the_job_naming_the_task(tmp_path):
                                     "runtime.tensorboard=false"], timeout=180)
     assert proc.returncode != 0 and time.monotonic() - t0 < 180
     assert "EnvStartError" in proc.stderr and "env.task='NoSuchTask'" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_checkpoint_longer_than_the_liveness_timeout_does_not_abort_the_job(tmp_path, monkeypatch):
+    """Heartbeats came only from the main loop, so a Trainer busy writing a large checkpoint for
+    longer than runtime.liveness_timeout was declared dead by every peer (here: a 12 s save
+    against a 5 s timeout, made slow by a sitecustomize in the ranks)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time\nimport rlvla3.engine.checkpoints as c\n_publish = c.publish\n"
+        "def slow(*a, **k):\n    time.sleep(12)\n    return _publish(*a, **k)\nc.publish = slow\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    t0 = time.monotonic()
+    proc, run = run_engine(tmp_path, [*TOY, "algo.max_versions=1", "runtime.liveness_timeout=5",
+                                      "runtime.heartbeat_interval=1"])
+    assert_ok(proc)
+    assert time.monotonic() - t0 > 12 and summary(run)["versions"] == 1

@@ -87,6 +87,11 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
     rt = cfg.runtime
     transport = Transport(MpiLink(comm), Wiring.of(world, rank), rt.startup_timeout, rt.heartbeat_interval,
                           rt.idle_sleep, rt.max_idle_sleep)
+    if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+        transport.beat_in_background()   # alive while the main loop is busy (model load, checkpoint)
+    elif rank == 0:
+        print("note: MPI without MPI_THREAD_MULTIPLE: heartbeats come from the main loop only, so a step "
+              "longer than runtime.liveness_timeout (a large checkpoint) aborts the job", file=sys.stderr)
     metrics = Metrics(run, rank, world.role_name(rank), transport.clock_offset(rt.startup_timeout))
     if rank == 0:
         print(world_mod.plan_table(world), flush=True)

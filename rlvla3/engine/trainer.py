@@ -110,7 +110,7 @@ class Trainer:
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(run_dir / "tb"))
         self.t0 = time.time()
-        self._publish()
+        self._publish(cfg.runtime.startup_timeout)   # the Generators may still be building their models
 
     # ------------------------------------------------------------ setup
     def _resume(self) -> None:
@@ -262,7 +262,7 @@ class Trainer:
         self.trained_uncommitted = []
 
     # ------------------------------------------------------------ weights, checkpoints, logs
-    def _publish(self) -> None:
+    def _publish(self, timeout: float | None = None) -> None:
         """Weights of the current version + credits up to step version + eta, from Trainer 0 to every
         Generator (a colocated one on this rank too: the same edge, delivered in-process)."""
         granted = self.version + self.cfg.mode.eta
@@ -276,7 +276,7 @@ class Trainer:
             for g in self.world.gen_ranks:
                 self.transport.send(g, Tag.WEIGHTS, hdr)
             for g, req in weights.send(self.transport, self.world.gen_ranks, wire, gc.weights_bucket_mb):
-                self.transport.wait(req, self.cfg.runtime.liveness_timeout, g, "weights send")
+                self.transport.wait(req, timeout or self.cfg.runtime.liveness_timeout, g, "weights send")
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version)
 
     def checkpoint(self) -> Path:

@@ -16,6 +16,7 @@ MPI job instead of leaving it hanging.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -218,6 +219,26 @@ class Transport:
         self.peers = tuple(sorted(self.wiring.peers))
         self.last_seen = {p: now for p in self.peers}
         self.backoff = Backoff(self.idle_lo, self.idle_hi)
+        self._lock = threading.Lock()       # _pending is appended to by the heartbeat thread too
+        self._beater: threading.Thread | None = None
+        self._stop_beats = threading.Event()
+
+    def beat_in_background(self) -> None:
+        """Send heartbeats from a daemon thread, so a rank whose main loop is busy for long (a
+        model loading at start-up, a checkpoint of a large model, a burst of shard reads) still
+        tells its peers it is alive. Receiving and the liveness check stay in `tick`. Needs MPI
+        with MPI_THREAD_MULTIPLE (mpi4py asks for it; Open MPI provides it)."""
+        def beat():
+            while not self._stop_beats.wait(self.heartbeat_interval):
+                self._send_beats()
+        self._beater = threading.Thread(target=beat, name="heartbeats", daemon=True)
+        self._beater.start()
+
+    def _send_beats(self) -> None:
+        beat = Heartbeat(time.time())
+        for p in self.peers:
+            if p not in self._closed:
+                self.send(p, Tag.HEARTBEAT, beat)
 
     def who(self, rank: int) -> str:
         return self.wiring.name(rank)
@@ -226,8 +247,10 @@ class Transport:
     def send(self, dest: int, tag: Tag, msg) -> None:
         """Non-blocking pickled send; the request is completed in the background of poll()."""
         self.wiring.check_send(dest, tag, msg)
-        self._pending.append(self.link.isend(msg, dest, int(tag)))
-        self._reap()
+        req = self.link.isend(msg, dest, int(tag))
+        with self._lock:
+            self._pending.append(req)
+            self._reap()
 
     def poll(self, tag: Tag, source: int = ANY_SOURCE):
         """One waiting message with this tag as (source, msg), or None."""
@@ -303,28 +326,42 @@ class Transport:
             self.close_peer(got[0])
 
     def tick(self) -> None:
-        """Send due heartbeats, drain received ones, and fail on a peer silent too long."""
+        """Send due heartbeats (unless a thread does), drain received ones, and fail on a peer
+        silent too long."""
         now = time.monotonic()
-        if now >= self._next_beat:
-            beat = Heartbeat(time.time())
-            for p in self.peers:
-                if p not in self._closed:
-                    self.send(p, Tag.HEARTBEAT, beat)
+        if self._beater is None and now >= self._next_beat:
+            self._send_beats()
             self._next_beat = now + self.heartbeat_interval
+        self._drain_beats()
+        late = [p for p, t in self.last_seen.items() if now - t > self.liveness_timeout]
+        if late:
+            # After this rank was busy for long, MPI's progress engine may need a few calls to
+            # match what arrived meanwhile: look again before blaming a peer.
+            for _ in range(5):
+                time.sleep(0.001)
+                self._drain_beats()
+            now = time.monotonic()
+            late = [p for p in late if now - self.last_seen.get(p, now) > self.liveness_timeout]
+        for p in late:
+            raise PeerSilent(
+                f"{self.who(self.rank)}: peer {self.who(p)} silent for {now - self.last_seen[p]:.1f}s "
+                f"(> runtime.liveness_timeout={self.liveness_timeout}); aborting the job")
+
+    def _drain_beats(self) -> None:
         while self.poll(Tag.HEARTBEAT) is not None:
             pass
-        for p, t in self.last_seen.items():
-            if now - t > self.liveness_timeout:
-                raise PeerSilent(
-                    f"{self.who(self.rank)}: peer {self.who(p)} silent for {now - t:.1f}s "
-                    f"(> runtime.liveness_timeout={self.liveness_timeout}); aborting the job")
 
     def _reap(self) -> None:
         if len(self._pending) > 64:
             self._pending = [r for r in self._pending if not r.Test()]
 
     def flush(self, timeout: float) -> None:
-        """Complete every pending control send (before exit), at most `timeout` s."""
+        """Stop the heartbeat thread; complete every pending control send (before exit), at most
+        `timeout` s."""
+        if self._beater is not None:
+            self._stop_beats.set()
+            self._beater.join(timeout=2 * self.heartbeat_interval + 1)
+            self._beater = None
         deadline = time.monotonic() + timeout
         while self._pending:
             self._pending = [r for r in self._pending if not r.Test()]
