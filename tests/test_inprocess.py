@@ -21,12 +21,9 @@ from rlvla3.engine.run import Preemption
 from rlvla3.engine.trainer import Trainer
 from rlvla3.engine.wiring import EDGES, Wiring, WiringError
 from rlvla3.world import derive
-from tests.conftest import TOY, check_every_shard_consumed_once
+from tests.conftest import EMULATED_FAST, TOY, check_every_shard_consumed_once
 
 FAST_TOY = [*TOY, "algo.update_epochs=2"]
-EMULATED = ["+experiment=emulated", "env.num_envs=8", "sharding.groups_per_rank=2", "algo.segment_steps=8",
-            "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=3",
-            "env.step_ms=1", "env.reset_ms=5", "policy.infer_fixed_ms=1", "policy.train_samples_per_s=20000"]
 ENGINE = Path(__file__).resolve().parent.parent / "rlvla3" / "engine"
 
 
@@ -124,7 +121,7 @@ def test_sync_generator_serves_lockstep_rounds(tmp_path):
 def test_credit_gate_holds_requests_of_a_step_beyond_eta(tmp_path):
     """eta=0 with a slow Trainer: Simulators run into the next rollout step, the Generator holds
     their requests until the version is published, and no sample is staler than eta."""
-    cfg = compose([*EMULATED, "mode.eta=0", "policy.train_samples_per_s=200"])
+    cfg = compose([*EMULATED_FAST, "mode.eta=0", "policy.train_samples_per_s=200"])
     run = InProcessRun(cfg, tmp_path)
     held = []
     run.run(timeout=120, check=lambda r: (credit_gate(r), held.append(len(r.role(Generator).held))))
@@ -133,13 +130,13 @@ def test_credit_gate_holds_requests_of_a_step_beyond_eta(tmp_path):
 
 
 def test_emulated_data_parallel_trainers_and_colocated_placement(tmp_path):
-    run = InProcessRun(compose([*EMULATED, "cluster.train_ranks=2"]), tmp_path / "dp")
+    run = InProcessRun(compose([*EMULATED_FAST, "cluster.train_ranks=2"]), tmp_path / "dp")
     run.run(timeout=120, check=credit_gate)
     digests = {p.read_text() for p in (tmp_path / "dp").glob("params-trainer*.sha256")}
     assert len(digests) == 1 and len(list((tmp_path / "dp").glob("params-trainer*.sha256"))) == 2
     # Colocated: Trainer and Generator share a rank; the weights reach the Generator over the
     # same WEIGHTS edge, delivered in-process.
-    colo = InProcessRun(compose([*EMULATED, "mode=sync", "mode.placement=colocated", "cluster.gen_ranks=2",
+    colo = InProcessRun(compose([*EMULATED_FAST, "mode=sync", "mode.placement=colocated", "cluster.gen_ranks=2",
                                  "cluster.train_ranks=2"]), tmp_path / "colo")
     colo.run(timeout=120, check=credit_gate)
     assert json.loads((tmp_path / "colo" / "summary.json").read_text())["versions"] == 3
@@ -150,7 +147,7 @@ def test_emulated_data_parallel_trainers_and_colocated_placement(tmp_path):
 def test_preemption_checkpoints_mid_version_and_acknowledges(tmp_path):
     requeued = []
     pre = Preemption(requeue=lambda: requeued.append(time.monotonic()), timeout=60)
-    cfg = compose([*EMULATED, "algo.max_versions=6"])
+    cfg = compose([*EMULATED_FAST, "algo.max_versions=6"])
     run = InProcessRun(cfg, tmp_path, preemption=pre)
 
     def signal_after_first_steps(r):
@@ -176,14 +173,14 @@ def test_every_listed_edge_is_used_and_every_tag_is_listed(tmp_path):
     # sent on, except the two that need separate processes (the clock sync of run.main and the
     # torch process group's address), which the mpiexec tests send.
     used = set()
-    for name, overrides in (("a", [*EMULATED, "cluster.train_ranks=2"]),
-                            ("c", [*EMULATED, "mode=sync", "mode.placement=colocated"])):
+    for name, overrides in (("a", [*EMULATED_FAST, "cluster.train_ranks=2"]),
+                            ("c", [*EMULATED_FAST, "mode=sync", "mode.placement=colocated"])):
         run = InProcessRun(compose(overrides), tmp_path / name)
         run.run(timeout=120)
         used |= {e for t in run.transports for e in t.wiring.used}
     requeued = []
     pre = Preemption(requeue=lambda: requeued.append(1))
-    run = InProcessRun(compose(EMULATED), tmp_path / "p", preemption=pre)
+    run = InProcessRun(compose(EMULATED_FAST), tmp_path / "p", preemption=pre)
     run.run(timeout=120, check=lambda r: pre.handler(None, None) if r.role(Trainer).opt_step >= 1 else None,
             until=lambda r: bool(requeued))
     used |= {e for t in run.transports for e in t.wiring.used}

@@ -10,15 +10,12 @@ from rlvla3 import config
 from rlvla3.cluster.compose import compose
 from rlvla3.engine import checkpoints, shards
 from rlvla3.engine.inprocess import InProcessRun
-from tests.conftest import check_every_shard_consumed_once
+from tests.conftest import EMULATED_FAST, check_every_shard_consumed_once
 
-EMULATED = ["+experiment=emulated", "env.num_envs=8", "sharding.groups_per_rank=2", "algo.segment_steps=8",
-            "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32",
-            "env.step_ms=1", "env.reset_ms=5", "policy.infer_fixed_ms=1", "policy.train_samples_per_s=20000"]
 
 
 def run(run_dir: Path, versions: int, *extra, resume: bool = False) -> InProcessRun:
-    cfg = compose([*EMULATED, f"algo.max_versions={versions}", *extra])
+    cfg = compose([*EMULATED_FAST, f"algo.max_versions={versions}", *extra])
     if resume:
         cfg = config.replace(cfg, resume=True)
     r = InProcessRun(cfg, run_dir)
@@ -54,7 +51,7 @@ def test_d3_d5_keep_shards_false_never_deletes_uncommitted_rows_nor_rolls_out_ol
             names = [n for n in shards.scan(tmp_path / "shards") if shards.parse_name(n)[0] == step]
             assert names, f"step {step} is trained, not committed (last checkpoint v{committed}), and its shards are gone"
 
-    r = InProcessRun(compose([*EMULATED, "algo.max_versions=3", *extra]), tmp_path)
+    r = InProcessRun(compose([*EMULATED_FAST, "algo.max_versions=3", *extra]), tmp_path)
     r.run(timeout=120, check=committed_rows_kept)
     assert all(shards.parse_name(n)[0] >= 3 for n in shards.scan(tmp_path / "shards"))   # committed, then deleted
     seen = set()
@@ -64,7 +61,7 @@ def test_d3_d5_keep_shards_false_never_deletes_uncommitted_rows_nor_rolls_out_ol
         seen.update(steps)
         assert not steps or min(steps) >= 3, sorted(steps)
 
-    r = InProcessRun(config.replace(compose([*EMULATED, "algo.max_versions=5", *extra]), resume=True), tmp_path)
+    r = InProcessRun(config.replace(compose([*EMULATED_FAST, "algo.max_versions=5", *extra]), resume=True), tmp_path)
     r.run(timeout=120, check=no_old_step_rolled_out_again)
     assert versions_done(tmp_path) == 5 and seen and min(seen) == 3
 
@@ -127,7 +124,7 @@ def test_d6_mid_version_resume_keeps_its_cursor_when_a_shard_before_it_is_gone(t
 
     requeued = []
     pre = Preemption(requeue=lambda: requeued.append(1))
-    cfg = compose([*EMULATED, "algo.max_versions=4", "algo.update_epochs=2"])
+    cfg = compose([*EMULATED_FAST, "algo.max_versions=4", "algo.update_epochs=2"])
     r = InProcessRun(cfg, tmp_path, preemption=pre)
     r.run(timeout=120, check=lambda r: pre.handler(None, None) if r.role(Trainer).step_in_version == 1 and
           r.role(Trainer).version == 1 else None, until=lambda r: bool(requeued))
