@@ -13,7 +13,6 @@ from rlvla3.engine.inprocess import InProcessRun
 from tests.conftest import EMULATED_FAST, check_every_shard_consumed_once
 
 
-
 def run(run_dir: Path, versions: int, *extra, resume: bool = False) -> InProcessRun:
     cfg = compose([*EMULATED_FAST, f"algo.max_versions={versions}", *extra])
     if resume:
