@@ -22,19 +22,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from ..policies.emulated import sleep_ms
+
 # The loss terms a learner sums per optimizer step, after the row count (algo.LossTerms' fields).
 LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
-
-
-def _sleep_ms(ms: float) -> None:
-    if ms > 0:
-        time.sleep(ms / 1000.0)
 
 
 class EmulatedLearner:
@@ -67,12 +63,12 @@ class EmulatedLearner:
         per_owner = Counter()
         for s in slices:
             per_owner[s.owner] += s.stop - s.start
-        _sleep_ms(max(per_owner.values(), default=0) / self.rows_per_s * 1000.0)
+        sleep_ms(max(per_owner.values(), default=0) / self.rows_per_s * 1000.0)
         self.params[0] += 1.0
         return np.array([sum(per_owner.values())] + [0.0] * len(LOSS_KEYS), np.float64)
 
     def weights(self) -> np.ndarray:
-        _sleep_ms(self.cfg.policy.weight_sync_ms)
+        sleep_ms(self.cfg.policy.weight_sync_ms)
         return self.params
 
     def digest(self) -> str:

@@ -73,11 +73,12 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
     rank = comm.Get_rank()
     held = None
     if rank == 0:
-        from .lock import RunLock
-        held = RunLock(run).acquire()   # before anything is written: one job per run folder
-    if resume and rank == 0:
         from . import shards
-        shards.clean_partial(run / "shards")  # temporaries of writers that died (before any rank writes)
+        from .lock import RunLock
+
+        held = RunLock(run).acquire()   # before anything is written: one job per run folder
+        if resume:
+            shards.clean_partial(run / "shards")  # temporaries of writers that died (before any rank writes)
     preemption = preemption or Preemption()
     preemption.timeout = cfg.runtime.shutdown_timeout
     if comm.Get_size() != world.size:

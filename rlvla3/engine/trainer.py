@@ -81,7 +81,6 @@ class Trainer:
         self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
         self.preemption, self.preempted = preemption, False
         self.run_dir, self.index = run_dir, index
-        self.n = len(world.train_ranks)
         self.leader = index == 0
         self.shards_dir = run_dir / "shards"
         self.ckpt_dir = run_dir / "ckpt"

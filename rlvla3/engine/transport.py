@@ -138,7 +138,9 @@ class MpiLink:
         return self.comm.isend(msg, dest=dest, tag=tag)
 
     def probe(self, source: int, tag: int) -> int | None:
-        src = self.own.source(source, tag) if source in (ANY_SOURCE, self.rank) else None
+        if source == self.rank:
+            return self.own.source(source, tag)   # self-sends never go through MPI
+        src = self.own.source(source, tag) if source == ANY_SOURCE else None
         if src is not None:
             return src
         st = self.MPI.Status()

@@ -114,6 +114,7 @@ class Wiring:
             self.by_tag.setdefault(int(e.tag), []).append(e)
         self._ok: dict[tuple[int, int, int], Edge] = {}
         self.used: set[Edge] = set()   # edges this rank sent on (tests: every listed edge is used)
+        self._send_ok: dict[tuple[int, int], Edge] = {}
 
     @classmethod
     def of(cls, world, rank: int) -> "Wiring":
@@ -141,11 +142,13 @@ class Wiring:
                           f"(raw tag {tag}) in the edge list")
 
     def check_send(self, dst: int, tag: int, msg) -> None:
-        edge = self._edge(self.rank, dst, tag)
+        edge = self._send_ok.get((dst, tag))
+        if edge is None:
+            edge = self._send_ok[(dst, tag)] = self._edge(self.rank, dst, tag)
+            self.used.add(edge)
         if not isinstance(msg, edge.message):
             raise WiringError(f"{self.name(self.rank)} -> {self.name(dst)} {tag_name(edge.tag)}: expected "
                               f"{edge.message.__name__}, got {type(msg).__name__}")
-        self.used.add(edge)
 
     def check_recv(self, src: int, tag: int) -> None:
         self._edge(src, self.rank, tag)

@@ -25,7 +25,8 @@ import numpy as np
 from .sampling import tokens_to_actions
 
 
-def _sleep_ms(ms: float) -> None:
+def sleep_ms(ms: float) -> None:
+    """Spend an emulated cost (the actor's forward here, the learner's step in engine/learners.py)."""
     if ms > 0:
         time.sleep(ms / 1000.0)
 
@@ -41,7 +42,7 @@ class EmulatedActor:
 
     def act(self, obs: dict[str, np.ndarray], noise: np.ndarray):
         n = obs["proprio"].shape[0]
-        _sleep_ms(self.c.infer_fixed_ms + self.c.infer_per_sample_ms * n)
+        sleep_ms(self.c.infer_fixed_ms + self.c.infer_per_sample_ms * n)
         tok = noise.argmax(-1)  # flat logits: Gumbel-max picks the largest uniform
         logp = np.full(n, -tok.shape[1] * math.log(self.c.action_bins), np.float32)
         return tok.astype(np.int32), logp, np.zeros(n, np.float32)

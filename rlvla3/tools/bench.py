@@ -123,6 +123,13 @@ def report(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def save_rows(out: str, name: str, rows: list[dict]) -> None:
+    """A benchmark's rows as JSON in --out (nothing without --out)."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps(rows, indent=1))
+
+
 def weights_bench(a) -> int:
     """Publish cost (encode, bucketed MPI transfer to every Generator, decode) vs parameter count
     and Generator count, one mpiexec job per Generator count (tools/bench_weights.py)."""
@@ -147,9 +154,7 @@ def weights_bench(a) -> int:
                 gbps = r["bytes_per_generator"] * r["generators"] / r["seconds"] / 1e9
                 print(f"{r['params']:10.0e} {r['generators']:5d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
                       f"{r['seconds']:8.3f} {gbps:8.2f} {r['max_rel_error']:11.2e}", flush=True)
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "weights.json").write_text(json.dumps(rows, indent=1))
+    save_rows(a.out, "weights.json", rows)
     return 0
 
 
@@ -213,9 +218,7 @@ def families_bench(a) -> int:
             rows.append({"family": name, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train,
                          "device": str(device)})
             print(f"{name:24s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f}", flush=True)
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "families.json").write_text(json.dumps(rows, indent=1))
+    save_rows(a.out, "families.json", rows)
     return 0
 
 
@@ -270,9 +273,7 @@ def sims_bench(a) -> int:
         succ = f"{wins}/{a.episodes}" if expert else "no expert"
         print(f"{task:24s} {r['cameras']:4d} {r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} "
               f"{r['reset_p99_ms']:12.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
-    if a.out:
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "sims.json").write_text(json.dumps(rows, indent=1))
+    save_rows(a.out, "sims.json", rows)
     return 0
 
 
