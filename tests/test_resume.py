@@ -139,3 +139,28 @@ def test_d6_mid_version_resume_keeps_its_cursor_when_a_shard_before_it_is_gone(t
     on_disk = [n for n in shards.scan(tmp_path / "shards") if shards.parse_name(n)[0] < 4]
     assert all(state["ledger"]["rows"].get(n) == shards.read_attrs(tmp_path / "shards" / n)["rows"] for n in on_disk)
     assert state["rows_trained"] == 4 * 64
+
+
+def test_d4_sync_resume_with_groups_a_segment_apart_finishes(tmp_path):
+    """mode=sync, killed between two shard renames of one rollout round: on resume group 0 is one
+    segment ahead of group 1, across a rollout-step boundary. The Generator's lockstep round
+    waited for every group, but group 0's request (next step) is held for credits the Trainer
+    gives only after group 1's segment; and the Simulator's send gate waited for group 0 to be
+    ready again. Both hung forever, and again after every requeue."""
+    import shutil
+
+    sync = ["mode=sync"]
+    run(tmp_path, 2, *sync)
+    shards_dir = tmp_path / "shards"
+    last = max((n for n in shards.scan(shards_dir) if shards.parse_name(n)[1] == 0), key=lambda n: shards.parse_name(n)[2])
+    step, gid, seq = shards.parse_name(last)
+    segments_per_step = sum(1 for n in shards.scan(shards_dir) if shards.parse_name(n)[:2] == (0, 0))
+    ahead_step = (seq + 1) // segments_per_step
+    assert ahead_step == step + 1, "the test needs the extra segment to open the next rollout step"
+    ahead = shards.shard_name(ahead_step, gid, seq + 1)
+    shutil.copytree(shards_dir / last, shards_dir / ahead)
+    meta = json.loads((shards_dir / ahead / "zarr.json").read_text())
+    meta["attributes"].update(step=ahead_step, seq=seq + 1)
+    (shards_dir / ahead / "zarr.json").write_text(json.dumps(meta))
+    run(tmp_path, 3, *sync, resume=True)
+    assert versions_done(tmp_path) == 3

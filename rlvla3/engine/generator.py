@@ -132,12 +132,15 @@ class Generator:
     def _batch_ready(self) -> bool:
         if not self.lockstep:
             return self.batcher.ready(time.monotonic())
-        # A round starts when every group's request is in, and ends when exactly those samples
-        # are served: a group served early may already be queued for the next round, and
+        # A round starts when every group's request is in, and ends when exactly the admitted
+        # ones are served: a group served early may already be queued for the next round, and
         # serving it now would let its Simulator run a step ahead (and, at a credit boundary,
-        # deadlock: its next request held, the others' round never complete).
-        if self.round_left == 0 and self.batcher.samples >= self.served:
-            self.round_left = self.served
+        # deadlock: its next request held, the others' round never complete). Held requests
+        # count as in but sit the round out: after a resume that left groups a segment apart
+        # across a step boundary, the group behind must finish the step that earns the credits.
+        held = sum(r.n for r in self.held)
+        if self.round_left == 0 and self.batcher.samples and self.batcher.samples + held >= self.served:
+            self.round_left = self.batcher.samples
         return self.round_left > 0
 
     def _serve_batch(self) -> None:

@@ -121,6 +121,11 @@ class GroupLoop:
     def step_index(self) -> int:
         return self.seq // self.sim.world.segments_per_step
 
+    @property
+    def position(self) -> tuple[int, int]:
+        """(segment, time index) of this group's current or next request."""
+        return self.seq, self.t
+
     # ------------------------------------------------------------ transitions
     def advance(self, may_send: bool) -> bool:
         """Do whatever this group can do now without blocking. Returns True if it did work."""
@@ -277,14 +282,22 @@ class Simulator:
         if self.stopped:
             return False
         work = self._announce_written()
-        # Lockstep (sync): a group sends only when every group of the rank has its next obs ready.
-        may_send = not self.world.lockstep or all(g.state == SEND for g in self.groups)
         for g in self.groups:
-            work |= g.advance(may_send)
+            work |= g.advance(self._may_send(g))
         got = self.transport.poll(Tag.STOP)
         if got is not None:
             self.shutdown(got[1])
         return work
+
+    def _may_send(self, g: GroupLoop) -> bool:
+        """Lockstep (sync): a group sends only when every group of the rank has its next obs ready,
+        or has already asked for the same or a later position. The second case is a resume that
+        left groups a segment apart: the one ahead waits (held) for credits that only the
+        one behind can earn, so the one behind must not wait for it."""
+        if not self.world.lockstep:
+            return True
+        return all(h.state == SEND or (h.state in (WAIT_ACTION, WAIT_BOOTSTRAP) and h.position >= g.position)
+                   for h in self.groups)
 
     def deadline(self) -> float | None:
         """The earliest emulated env result due (monotonic), if any."""
