@@ -61,8 +61,9 @@ class EnvConfig:
     max_failed_starts: int = 3
     """Consecutive times one env's child process may die or time out before it ever answers (a bad
     env.task, a missing simulator, no headless GL) before the job fails instead of restarting it."""
-    in_process: bool = False
-    """Run envs inside the Simulator rank instead of one spawned child per env (toy/emulated)."""
+    in_process: bool | None = None
+    """Run envs inside the Simulator rank (true) or one spawned child per env (false); null: toy and
+    emulated in-process, rendering envs in children (false puts toy in children, for fault tests)."""
     grid: int = 4
     """toy: grid side in cells."""
     distractors: int = 1

@@ -164,3 +164,39 @@ def test_d4_sync_resume_with_groups_a_segment_apart_finishes(tmp_path):
     (shards_dir / ahead / "zarr.json").write_text(json.dumps(meta))
     run(tmp_path, 3, *sync, resume=True)
     assert versions_done(tmp_path) == 3
+
+
+def test_a_mid_version_resume_republishes_the_weights_its_version_named(tmp_path):
+    """A mid-version checkpoint holds a model that moved on from the version's start; the resume
+    published that model under the same version number, so the rows it then produced passed as
+    made by the version's weights (one number, two policies). bench faults checks the same with
+    the fingerprints every publish records."""
+    import numpy as np
+
+    from rlvla3.engine.generator import Generator
+    from rlvla3.engine.run import Preemption
+    from rlvla3.engine.trainer import Trainer
+    from tests.conftest import TOY
+
+    published: dict[int, np.ndarray] = {}
+
+    def record(r: InProcessRun) -> None:
+        g = r.role(Generator)
+        if g.version >= 0 and g.version not in published:
+            published[g.version] = g.weights_buf.copy()
+
+    def preempt_mid_version_1(r: InProcessRun) -> None:
+        record(r)
+        t = r.role(Trainer)
+        if t.version == 1 and t.step_in_version == 2:
+            pre.handler(None, None)
+
+    requeued = []
+    pre = Preemption(requeue=lambda: requeued.append(1))
+    cfg = compose([*TOY, "mode=async", "mode.eta=1", "algo.max_versions=3"])
+    InProcessRun(cfg, tmp_path, preemption=pre).run(timeout=240, check=preempt_mid_version_1, until=lambda r: bool(requeued))
+    mid = checkpoints.all_ckpts(tmp_path / "ckpt")[-1]
+    assert checkpoints.ckpt_order(mid)[0] == 1 and checkpoints.ckpt_order(mid)[1] > 0, mid.name
+    before, published = dict(published), {}
+    InProcessRun(config.replace(cfg, resume=True), tmp_path).run(timeout=240, check=record, until=lambda r: 1 in published)
+    assert np.array_equal(published[1], before[1]), "version 1 was republished with other weights"

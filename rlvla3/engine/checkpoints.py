@@ -15,6 +15,8 @@ import shutil
 import zipfile
 from pathlib import Path
 
+from . import faults
+
 
 def ckpt_order(path: Path) -> tuple[int, int]:
     """v000012.pt -> (12, 0); v000012-s0005.pt -> (12, 5): later checkpoints sort last."""
@@ -64,6 +66,7 @@ def publish(save, state: dict, path: Path) -> Path:
         tmp.unlink(missing_ok=True)   # the previous checkpoints are untouched
         raise CheckpointError(f"writing checkpoint {path} failed: {why_write_failed(e, path.parent)}; "
                               f"the checkpoints before it in {path.parent} are intact") from e
+    faults.reach("ckpt_save")
     _fsync(tmp)
     tmp.rename(path)
     _fsync(path.parent)

@@ -30,6 +30,7 @@ import numpy as np
 from ..policies.emulated import sleep_ms
 
 # The loss terms a learner sums per optimizer step, after the row count (algo.LossTerms' fields).
+ARRAY_KEYS = ("params", "step_start")   # the emulated checkpoint's arrays (the rest is JSON)
 LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
 
 
@@ -42,6 +43,7 @@ class EmulatedLearner:
         self.dp_size, self.dp_index, self.collective = n_trainers, index, False
         self.bad: set[str] = set()
         self.params = np.zeros(cfg.policy.emulated_params, np.float32)
+        self.step_start = self.params.copy()   # what the current version number names (see weights)
         self.rows_per_s = cfg.policy.train_samples_per_s * cfg.algo.update_epochs
 
     def connect(self, transport, train_ranks) -> None:
@@ -57,7 +59,7 @@ class EmulatedLearner:
         pass  # emulated rows carry no log-probs to correct
 
     def new_version(self) -> None:
-        pass
+        self.step_start = self.params.copy()
 
     def train(self, slices, version: int, opt_step: int = 1) -> np.ndarray:
         per_owner = Counter()
@@ -68,25 +70,29 @@ class EmulatedLearner:
         return np.array([sum(per_owner.values())] + [0.0] * len(LOSS_KEYS), np.float64)
 
     def weights(self) -> np.ndarray:
+        """The weights of the current version: the parameters at its start (a mid-version resume
+        has moved on from them, and publishing those under the same number would reuse it)."""
         sleep_ms(self.cfg.policy.weight_sync_ms)
-        return self.params
+        return self.step_start
 
     def digest(self) -> str:
         return hashlib.sha256(self.params.tobytes()).hexdigest()
 
     def state(self, mid_version: bool) -> dict:
-        return {"params": self.params.copy()}
+        return {"params": self.params.copy(), **({"step_start": self.step_start.copy()} if mid_version else {})}
 
     def load_state(self, state: dict) -> None:
         self.params[:] = state["params"]
+        self.step_start = state.get("step_start", self.params).copy()
 
     def save(self, state: dict, path: Path) -> None:
         """The parameters as an array, everything else (counters, ledger, plan state) as JSON."""
-        rest = {k: v for k, v in state.items() if k != "params"}
+        arrays = {k: v for k, v in state.items() if k in ARRAY_KEYS}
+        rest = {k: v for k, v in state.items() if k not in ARRAY_KEYS}
         with open(path, "wb") as f:
-            np.savez(f, params=state["params"], rest=np.array(json.dumps(rest)))
+            np.savez(f, **arrays, rest=np.array(json.dumps(rest)))
 
     @staticmethod
     def load(path: Path) -> dict:
         with np.load(path, allow_pickle=False) as z:
-            return {"params": z["params"].copy(), **json.loads(str(z["rest"]))}
+            return {**{k: z[k].copy() for k in ARRAY_KEYS if k in z}, **json.loads(str(z["rest"]))}

@@ -30,7 +30,11 @@ class Metrics:
         self.dir = Path(run_dir) / "metrics"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.role, self.offset = rank, role, clock_offset
-        self._f = open(self.dir / f"rank{rank:04d}.jsonl", "a", buffering=1 << 16)
+        path = self.dir / f"rank{rank:04d}.jsonl"
+        torn = path.exists() and path.stat().st_size and last_byte(path) != b"\n"
+        self._f = open(path, "a", buffering=1 << 16)
+        if torn:   # the previous attempt of this rank was killed mid-line: start ours on a fresh one
+            self._f.write("\n")
         self._totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
         self._t_start = time.time()
         self._cpu0 = time.process_time()
@@ -79,13 +83,22 @@ class Metrics:
         return summary
 
 
+def last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
 def read_records(run_dir: str | Path, kind: str):
     """Every record of `kind` ("span", "scalar", "summary") of a run folder as (rank, role,
     record), rank by rank."""
     for f in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
         role = "?"
         for line in f.read_text().splitlines():
-            rec = json.loads(line)
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue   # the torn last line of a rank that was killed while writing it
             if rec["k"] == "meta":
                 role = rec["role"]
             elif rec["k"] == kind:

@@ -30,6 +30,8 @@ import numpy as np
 import zarr
 from zarr.codecs import ZstdCodec
 
+from . import faults
+
 SCHEMA_VERSION = 2
 NAME_RE = re.compile(r"^s(\d{6})-g(\d{5})-q(\d{6})$")
 BAD_DIR = ".bad"
@@ -104,6 +106,7 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
         "written_at": time.time(),
         **attrs,
     })
+    faults.reach("shard_write")
     final = shards_dir / name
     os.rename(tmp, final)  # atomic within one filesystem; readers see all or nothing
     return final

@@ -471,9 +471,13 @@ class TorchLearner:
         model.lm.gpt.load_state_dict(hf_to_mcore(lm, self.lm_config, self.tp, self.tp_rank), strict=False)
 
     def weights(self) -> np.ndarray:
-        """Flat float32 parameters in the transformers model's order (collective with Megatron)."""
+        """Flat float32 parameters of the current version, in the transformers model's order
+        (collective with Megatron). π_prox, where kept, is the model at the version's start: a
+        mid-version resume has moved on from it, and publishing the model under the same version
+        number would give that number to other weights (the rows it then produces would pass
+        as on-policy). Without π_prox no row's version decides anything, so the model serves."""
         if not self.megatron:
-            return flat_params(self.policy)
+            return flat_params(self.prox if self.prox is not None else self.policy)
         state = self._full_state()
         return torch.cat([state[name].detach().float().reshape(-1).cpu() for name in self.export_names]).numpy()
 

@@ -129,18 +129,21 @@ class Trainer:
             self.step_in_version = int(mid)
             self.order = [(n, int(r)) for n, r in json.loads(state["order"])]
             self.cursor = tuple(int(x) for x in state["cursor"])
-        self._reannounce()
+        lost = self._reannounce()
         print(f"[trainer {self.index}] resumed from {path.name}: version {self.version}, step "
-              f"{self.step_in_version}, {self.rows_trained} rows trained", flush=True)
+              f"{self.step_in_version}, {self.rows_trained} rows trained, {lost} shard(s) of lost weights "
+              f"(versions > {self.version}) relabelled stale", flush=True)
 
-    def _reannounce(self) -> None:
+    def _reannounce(self) -> int:
         """After a resume: announce again the published shards of untrained steps, the current
         step's in its saved row order (the cursor points into it), then the rest in name order.
         A shard of the saved order that is gone (quarantined since) keeps its place with its
-        rows, trained as absent, so the cursor still points where it pointed."""
+        rows, trained as absent, so the cursor still points where it pointed. Returns how many
+        hold rows of versions the rollback lost."""
         saved = dict(self.order)
         first = {n: i for i, (n, _) in enumerate(self.order)}
         on_disk = {n for n in shards.scan(self.shards_dir) if shards.parse_name(n)[0] >= self.version}
+        lost = 0
         for name in sorted(on_disk | set(saved), key=lambda n: (first.get(n, len(first)), n)):
             step, gid, seq = shards.parse_name(name)
             if name not in on_disk:
@@ -153,8 +156,10 @@ class Trainer:
                     attrs = self._absent(step, self.world.groups[gid].size * self.cfg.algo.segment_steps)
             if attrs["max_version"] > self.version:   # produced by weights this rollback lost
                 self.learner.mark_lost(name, self.version)
+                lost += 1
             self._announce(ShardReady(name, gid, seq, step, attrs["rows"], attrs["min_version"], attrs["max_version"],
                                       attrs["env_steps"]))
+        return lost
 
     @staticmethod
     def _absent(step: int, rows: int) -> dict:
@@ -268,15 +273,17 @@ class Trainer:
         t0 = time.time()
         # A collective learner (Megatron) gathers the LM's shards on every Trainer rank.
         flat = self.learner.weights() if self.leader or self.learner.collective else None
+        leader_only = {}
         if self.leader:
             gc = self.cfg.generator
             wire = weights.to_wire(flat, gc.weights_dtype)
+            leader_only = {"fingerprint": weights.fingerprint(wire)}
             hdr = WeightsHeader(self.version, granted, wire.size, gc.weights_dtype, gc.weights_bucket_mb)
             for g in self.world.gen_ranks:
                 self.transport.send(g, Tag.WEIGHTS, hdr)
             for g, req in weights.send(self.transport, self.world.gen_ranks, wire, gc.weights_bucket_mb):
                 self.transport.wait(req, timeout or self.cfg.runtime.liveness_timeout, g, "weights send")
-        self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version)
+        self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version, **leader_only)
 
     def checkpoint(self) -> Path:
         """model + optimizer + counters + ledger in one file, published by atomic rename. Between

@@ -84,6 +84,8 @@ def expert_tasks(cfg) -> list[str] | None:
 
 
 def in_process(cfg) -> bool:
-    """toy and emulated envs are cheap and draw no GL context: they run inside the Simulator rank
-    (as does any env with env.in_process); rendering envs get one spawned child process each."""
-    return cfg.env.in_process or cfg.env.name in ("toy", "emulated")
+    """toy and emulated envs are cheap and draw no GL context: they run inside the Simulator rank;
+    rendering envs get one spawned child process each. env.in_process, when set, decides."""
+    if cfg.env.in_process is not None:
+        return cfg.env.in_process
+    return cfg.env.name in ("toy", "emulated")
