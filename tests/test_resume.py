@@ -200,3 +200,16 @@ def test_a_mid_version_resume_republishes_the_weights_its_version_named(tmp_path
     before, published = dict(published), {}
     InProcessRun(config.replace(cfg, resume=True), tmp_path).run(timeout=240, check=record, until=lambda r: 1 in published)
     assert np.array_equal(published[1], before[1]), "version 1 was republished with other weights"
+
+
+def test_a_resume_before_the_first_checkpoint_trains_the_shards_on_disk(tmp_path):
+    """Killed before its first checkpoint (here: during version 1's weight publish, which comes
+    before that checkpoint), a job left step-0 shards and no checkpoint. The resume started
+    from scratch without announcing them, while the Simulators went on past them: step 0 never
+    completed and the job hung."""
+    run(tmp_path, 1)
+    for p in (tmp_path / "ckpt").iterdir():
+        p.unlink()
+    run(tmp_path, 2, resume=True)
+    assert versions_done(tmp_path) == 2
+    check_every_shard_consumed_once(tmp_path, 2, 64)

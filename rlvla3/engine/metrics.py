@@ -67,6 +67,11 @@ class Metrics:
         finally:
             self.span(name, t0, time.perf_counter() - p0, **extra)
 
+    def flush(self) -> None:
+        """Write out what is buffered now (a record that must survive a kill right after it)."""
+        self._f.flush()
+        self._next_flush = time.monotonic() + 1.0
+
     def scalar(self, name: str, value: float, **extra) -> None:
         self._write({"k": "scalar", "n": name, "v": float(value), "t": self.now(), **extra})
 

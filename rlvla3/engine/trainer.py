@@ -118,6 +118,12 @@ class Trainer:
         if found is None:
             if checkpoints.all_ckpts(self.ckpt_dir):
                 raise checkpoints.CheckpointError(f"resume: no checkpoint in {self.ckpt_dir} loads (see above)")
+            # Killed before its first checkpoint: train from the start, on the shards it left
+            # (the Simulators continue past them, so nobody else would produce step 0).
+            lost = self._reannounce()
+            say(f"resume: no checkpoint yet in {self.ckpt_dir}; version 0 from the start, "
+                f"{sum(map(len, self.announced.values()))} shard(s) on disk announced, {lost} shard(s) of lost weights "
+                f"(versions > 0) relabelled stale")
             return
         path, state = found
         self.learner.load_state(state)
@@ -284,6 +290,7 @@ class Trainer:
             for g, req in weights.send(self.transport, self.world.gen_ranks, wire, gc.weights_bucket_mb):
                 self.transport.wait(req, timeout or self.cfg.runtime.liveness_timeout, g, "weights send")
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version, **leader_only)
+        self.metrics.flush()   # once a version: which weights a version number named outlives a kill
 
     def checkpoint(self) -> Path:
         """model + optimizer + counters + ledger in one file, published by atomic rename. Between

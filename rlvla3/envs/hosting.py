@@ -195,7 +195,11 @@ def _worker(conn, cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -
     ep = Episode(cfg, env_id, seed, auto_reset)
     ep.episode = episode
     while True:
-        cmd = conn.recv()
+        try:
+            cmd = conn.recv()
+        except EOFError:   # the Simulator is gone (killed, or its job ended): nobody to answer
+            ep.close()
+            return
         if cmd[0] == "close":
             ep.close()
             conn.close()

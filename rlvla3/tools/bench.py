@@ -1,6 +1,7 @@
 """`python -m rlvla3.bench throughput [--env emulated|robosuite|toy] [--ladder] [overrides...]`
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
+   `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`   (tools/bench_faults.py)
    `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
@@ -296,7 +297,9 @@ def median_seconds(fn, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights", "families", "sims"])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "sims", "faults"])
+    ap.add_argument("--minutes", type=float, default=10.0, help="faults: how long to inject faults")
+    ap.add_argument("--seed", type=int, default=0, help="faults: the random choice of faults and moments")
     ap.add_argument("--tasks", default=",".join(SIM_TASKS), help="sims: robosuite tasks")
     ap.add_argument("--episodes", type=int, default=10, help="sims: episodes per task")
     ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
@@ -318,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         return families_bench(a)
     if a.what == "sims":
         return sims_bench(a)
+    if a.what == "faults":
+        from .bench_faults import faults_bench
+        return faults_bench(a)
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-bench-"))
     rungs = RUNGS_LADDER if a.ladder else RUNGS_BASIC
     results = []
