@@ -166,3 +166,49 @@ def test_a_checkpoint_longer_than_the_liveness_timeout_does_not_abort_the_job(tm
                                       "runtime.heartbeat_interval=1"])
     assert_ok(proc)
     assert time.monotonic() - t0 > 12 and summary(run)["versions"] == 1
+
+
+def test_a_launcher_timeout_leaves_no_process_of_the_job_behind(tmp_path, monkeypatch):
+    """run_local's timeout killed mpiexec only: the ranks (each in its own process group) and
+    their env children lived on (6 processes here) until they noticed, holding the run folder's
+    lock and the cores meanwhile."""
+    from rlvla3.cluster.local import run_local
+
+    run = tmp_path / "orphans"
+    monkeypatch.setenv("RLVLA3_TEST_MARK", str(run))   # inherited by every process of the job
+    cfg = compose(["+experiment=emulated", "env.in_process=false", "env.num_envs=2", "algo.max_versions=100000",
+                   "runtime.tensorboard=false"])
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_local(cfg, run, timeout=15, capture=True)
+
+    def of_this_run() -> list[int]:
+        out = []
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if f"RLVLA3_TEST_MARK={run}".encode() in env:
+                out.append(int(d))
+        return out
+
+    left = of_this_run()   # at once: a retry on the same run folder must find it free
+    assert not left, f"{len(left)} processes of the job outlived the launcher's timeout"
+
+
+def test_a_generator_slow_to_start_is_not_declared_silent(tmp_path, monkeypatch):
+    """Start-up skew (issue 20, D2a): a Generator that takes longer than runtime.liveness_timeout
+    to build its model (here 12 s against 5 s, by a sitecustomize in the ranks) must not be
+    blamed by the peers that are ready first."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time\nimport rlvla3.engine.generator as g\n_init = g.Generator.__init__\n"
+        "def slow(self, *a, **k):\n    time.sleep(12)\n    _init(self, *a, **k)\ng.Generator.__init__ = slow\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    t0 = time.monotonic()
+    proc, run = run_engine(tmp_path, [*TOY, "algo.max_versions=1", "runtime.liveness_timeout=5",
+                                      "runtime.heartbeat_interval=1"])
+    assert_ok(proc)
+    assert time.monotonic() - t0 > 12 and summary(run)["versions"] == 1

@@ -219,8 +219,8 @@ def test_position_only_arm_is_refused_where_it_does_not_apply():
 
 
 def test_env_children_survive_slurms_preemption_signal_and_a_dead_child_is_restarted():
-    """Slurm sends USR2 to every process of the step before the time limit: the env children must
-    live on (the rank checkpoints and requeues on it). A child that dies while its group waits for
+    """Slurm sends USR2 to every process of the step before the time limit, and TERM at the
+    requeue: the env children must live on (the rank checkpoints and requeues on it). A child that dies while its group waits for
     an action is restarted when the group next sends, instead of raising BrokenPipeError."""
     from rlvla3.envs.hosting import ProcessVecEnv
 
@@ -230,6 +230,7 @@ def test_env_children_survive_slurms_preemption_signal_and_a_dead_child_is_resta
         pid = g.procs[0].pid
         os.kill(pid, signal.SIGUSR2)
         os.kill(pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGTERM)          # Slurm's at a requeue (it killed them mid-shutdown)
         time.sleep(1.0)
         assert g.procs[0].is_alive(), f"exit code {g.procs[0].exitcode}"
         drive(g, np.zeros((1, 1, 2), np.float32))

@@ -213,3 +213,20 @@ def test_a_resume_before_the_first_checkpoint_trains_the_shards_on_disk(tmp_path
     run(tmp_path, 2, resume=True)
     assert versions_done(tmp_path) == 2
     check_every_shard_consumed_once(tmp_path, 2, 64)
+
+
+def test_a_shard_announced_twice_is_trained_once(tmp_path):
+    """A resume's rescan and a ShardReady sent while it ran (colocated multi-Trainer start-up)
+    can announce one shard twice; both copies entered the step's plan and the shard's rows were
+    trained twice, displacing another's (or the ledger refused to move back)."""
+    from rlvla3.engine.trainer import Trainer
+
+    run(tmp_path, 1)
+    r = InProcessRun(config.replace(compose([*EMULATED_FAST, "algo.max_versions=2"]), resume=True), tmp_path)
+    trainer = r.role(Trainer)
+    before = list(trainer.announced[1])
+    assert before, "the test needs rescanned shards of step 1"
+    trainer._announce(before[0])
+    assert trainer.announced[1] == before   # one shard, counted once toward its step's rows
+    r.run(timeout=120)
+    check_every_shard_consumed_once(tmp_path, 2, 64)

@@ -81,8 +81,12 @@ def squeue_state(job_id: str) -> str:
 
 
 def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
+    """With its envs in child processes, as every rendering env runs (issue 20, D1): Slurm's USR2
+    reaches every process of the step, and it killed the env children (default action), the
+    Simulator then crashed on a dead pipe before the Trainer's checkpoint, and the job FAILED."""
     versions = 14
-    cfg = compose([*TOY_SLURM, f"algo.max_versions={versions}", "algo.micro_batch=16", "mode=async"])
+    cfg = compose([*TOY_SLURM, f"algo.max_versions={versions}", "algo.micro_batch=16", "mode=async",
+                   "env.in_process=false", "env.num_envs=4"])
     run = tmp_path / "run"
     cfg, _ = prepare_run_dir(cfg, run)
     job = slurm.submit(cfg, run)
@@ -98,6 +102,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
     logs = "".join(p.read_text(errors="replace") for p in (run / "slurm").glob("*_log.*"))
     assert "preemption signal: checkpoint" in logs and "preempted: Trainer checkpoint" in logs
     assert "resumed from" in logs
+    assert "restarting it" not in logs, "an env child died of the preemption signal"
     s = summary(run)
     assert s["versions"] == versions
     assert [h["version"] for h in s["history"]] == list(range(1, versions + 1))  # counters continue

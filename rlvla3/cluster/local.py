@@ -6,8 +6,10 @@ what tests, benchmarks and tools call to run a whole job and wait for it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .compose import prepare_run_dir
@@ -41,8 +43,48 @@ def cpu_warning(cfg, world) -> str | None:
 
 
 def run_local(cfg, run_dir: Path, timeout: float | None = None, capture: bool = False) -> subprocess.CompletedProcess:
-    """Run every rank through mpiexec on this machine; returns when the job ends."""
+    """Run every rank through mpiexec on this machine; returns when the job ends. mpiexec starts
+    in a session of its own: on `timeout` every process of it (each rank has its own process
+    group, and env children their rank's) is killed before TimeoutExpired is raised."""
     cfg, world = prepare_run_dir(cfg, Path(run_dir))
     cmd = mpiexec_command(cfg, world.size, Path(run_dir))
-    kw = {"capture_output": True, "text": True} if capture else {}
-    return subprocess.run(cmd, env=mpi_env(), timeout=timeout, **kw)
+    kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else {}
+    with subprocess.Popen(cmd, env=mpi_env(), start_new_session=True, **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_session(proc.pid)
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def session_procs(sid: int) -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, command line) of every live process of session `sid` (Linux /proc)."""
+    out = {}
+    for d in os.scandir("/proc"):
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = Path(d.path, "stat").read_text().rsplit(")", 1)[1].split()   # after "(comm)": state ppid pgrp sid
+            if fields[0] != "Z" and int(fields[3]) == sid:
+                out[int(d.name)] = (int(fields[1]), Path(d.path, "cmdline").read_bytes())
+        except (OSError, IndexError, ValueError):
+            continue   # gone meanwhile
+    return out
+
+
+def kill_session(sid: int, timeout: float = 30.0) -> int:
+    """SIGKILL every process of session `sid` and wait until none is left (a rank's run-folder
+    lock goes with it). Returns how many there were."""
+    left = session_procs(sid)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    while session_procs(sid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes of session {sid} survive SIGKILL: {sorted(session_procs(sid))}")
+        time.sleep(0.1)
+    return len(left)

@@ -88,6 +88,7 @@ class Trainer:
         self.version = self.opt_step = self.rows_trained = 0
         self.ledger = shards.Ledger.empty()
         self.announced: dict[int, list[ShardReady]] = defaultdict(list)
+        self.announced_names: set[str] = set()   # of the steps in `announced`
         self.cursor = (0, 0)
         self.step_in_version = 0
         self.order: list[tuple[str, int]] = []
@@ -177,6 +178,9 @@ class Trainer:
     def _announce(self, msg: ShardReady) -> None:
         if msg.rollout_step < self.version:
             return  # already trained (a duplicate announcement after a restart)
+        if msg.name in self.announced_names:
+            return  # seen twice: in a resume's rescan and in a ShardReady sent while it ran
+        self.announced_names.add(msg.name)
         self.announced[msg.rollout_step].append(msg)
         if self.cfg.mode.overlap and likely_owner(msg.name, self.learner.dp_size) == self.learner.dp_index:
             self.learner.preload(msg.name)
@@ -248,6 +252,7 @@ class Trainer:
         self.step_in_version = 0
         self.cursor = (0, 0)
         arrived = self.announced.pop(k, [])
+        self.announced_names.difference_update(m.name for m in arrived)
         self.learner.forget(m.name for m in arrived)
         self.learner.new_version()
         self._publish()

@@ -188,16 +188,19 @@ def _worker(conn, cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -
     """Child process: host one env and answer ('reset',) / ('step', action) / ('close',).
 
     Slurm signals every process of a job step with USR2 before the time limit (the rank checkpoints
-    and requeues on it) and `kill -USR1` asks a rank for its stacks: a child killed by either would
-    take its episode with it, so the child ignores both."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    and requeues on it), then TERM when it ends or requeues the step (the ranks let submitit
+    bypass it until KILL), and `kill -USR1` asks a rank for its stacks: a child killed by any of
+    them would take its episode with it, and its Simulator would restart it while the job winds
+    down, so the child ignores all three. It ends when its Simulator closes it, kills it, or dies
+    (end of file on its pipe)."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     ep = Episode(cfg, env_id, seed, auto_reset)
     ep.episode = episode
     while True:
         try:
             cmd = conn.recv()
-        except EOFError:   # the Simulator is gone (killed, or its job ended): nobody to answer
+        except (EOFError, OSError):   # the Simulator is gone (killed, or its job ended): nobody to answer
             ep.close()
             return
         if cmd[0] == "close":

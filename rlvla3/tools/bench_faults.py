@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .. import config
 from ..cluster.compose import compose, prepare_run_dir
-from ..cluster.local import mpi_env, mpiexec_command
+from ..cluster.local import kill_session, mpi_env, mpiexec_command, session_procs
 from ..engine import checkpoints, faults, shards
 from ..engine.learners import EmulatedLearner
 from ..world import World
@@ -65,21 +65,6 @@ START_TIMEOUT = 120.0    # a job must publish a new shard within this after its 
 
 
 # ---------------------------------------------------------------- the job's processes
-def session_procs(sid: int) -> dict[int, tuple[int, bytes]]:
-    """pid -> (parent pid, command line) of every live process in session `sid`."""
-    out = {}
-    for d in os.scandir("/proc"):
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = Path(d.path, "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and int(fields[3]) == sid:
-                out[int(d.name)] = (int(fields[1]), Path(d.path, "cmdline").read_bytes())
-        except (OSError, IndexError, ValueError):
-            continue   # gone meanwhile
-    return out
-
-
 def rank_of(pid: int) -> int | None:
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -123,16 +108,9 @@ class Job:
     def sweep(self) -> int:
         """Kill whatever of the job still lives and wait until it is gone (rank 0's run-folder
         lock with it); returns how many processes that was."""
-        left = session_procs(self.sid)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        n = kill_session(self.sid)
         self.proc.wait()
-        if not wait_for(lambda: not session_procs(self.sid), 30.0, 0.1):
-            raise RuntimeError(f"processes of session {self.sid} survive SIGKILL: {sorted(session_procs(self.sid))}")
-        return len(left)
+        return n
 
     def outlived(self, grace: float = 5.0) -> int:
         """After mpiexec exited: how many of the job's processes outlived it (after `grace` s)."""
@@ -280,9 +258,8 @@ def at_point(kind: str, job: Job, world: World, attempt: int) -> Outcome:
         out.note = "the point was not reached within 90 s"
         out.orphans = job.sweep()
         return out
-    if lost:
-        out.rank = lost[0]
-        out = finish_fatal(out, job, t)
+    if lost:   # two Simulators may reach their n-th write together: the first to die is named
+        out = finish_fatal(out, job, t, candidates=lost)
     else:
         job.wait(EXIT_TIMEOUT)
         m = MPI_REPORT.search(job.output())
@@ -300,13 +277,19 @@ def gone(pid: int) -> bool:
         return True
 
 
-def finish_fatal(out: Outcome, job: Job, t_fault: float | None) -> Outcome:
+def finish_fatal(out: Outcome, job: Job, t_fault: float | None, candidates: list[int] | None = None) -> Outcome:
     exited = job.wait(EXIT_TIMEOUT)
     out.exit_s = time.monotonic() - t_fault if t_fault is not None else None
     out.hung = not exited
     out.orphans = job.sweep() if not exited else job.outlived()
     out.rc = job.proc.returncode
-    out.named = f"rank {out.rank}" in job.output()
+    text = job.output()
+    for r in candidates or [out.rank]:
+        if f"rank {r}" in text:
+            out.rank, out.named = r, True
+            break
+    else:
+        out.rank = out.rank if candidates is None else candidates[0]
     out.ok = exited and out.rc != 0 and out.named and not out.orphans
     return out
 
