@@ -30,9 +30,19 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "robosuite"
-    """Env adapter: toy | emulated | robosuite | metaworld | robocasa (optional install)."""
+    """Env adapter: toy | emulated | robosuite | metaworld | libero (its own interpreter, env.python) |
+    robocasa (optional install)."""
     task: str = "Lift"
     """Task inside the adapter (robosuite: Lift, Stack, ...; metaworld: pick-place-v3, ...; toy/emulated: ignored)."""
+    suite: str = "libero_spatial"
+    """libero: libero_spatial | libero_object | libero_goal | libero_10 | libero_90."""
+    task_ids: list[int] = field(default_factory=lambda: [0])
+    """libero: the suite's tasks this run uses (an episode's task is task_ids[seed % len])."""
+    init_states: str = "sampled"
+    """libero: sampled (placements drawn from the task's regions, from the reset seed: training,
+    disjoint from the evaluation states) | fixed (the suite's 50 fixed states, as evaluated)."""
+    settle_steps: int = 10
+    """libero: no-op steps at each episode's start so objects settle (not policy steps)."""
     num_envs: int = 2
     """Total number of envs across all Simulator ranks."""
     horizon: int = 64
@@ -61,6 +71,11 @@ class EnvConfig:
     max_failed_starts: int = 3
     """Consecutive times one env's child process may die or time out before it ever answers (a bad
     env.task, a missing simulator, no headless GL) before the job fails instead of restarting it."""
+    python: str = ""
+    """Interpreter for this env's child processes: another virtual environment whose simulator
+    packages conflict with ours (e.g. LIBERO's robosuite 1.4). It needs numpy and the simulator;
+    of ours it gets only this source tree, and nothing crosses as a pickle (envs/wire.py).
+    Empty: this interpreter."""
     in_process: bool | None = None
     """Run envs inside the Simulator rank (true) or one spawned child per env (false); null: toy and
     emulated in-process, rendering envs in children (false puts toy in children, for fault tests)."""

@@ -9,12 +9,13 @@ on a login node.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ConfigError, RunConfig
-from .envs import env_dims, in_process
+from .envs import env_dims, in_process, interpreter
 from .policies import SampleLayout, sample_layout
 
 ROLES = ("simulator", "generator", "trainer")
@@ -206,11 +207,27 @@ def _require_path(path: str, name: str, what: str, want_dir: bool) -> None:
              (f" ({p} is a {'folder' if p.is_dir() else 'file'})" if p.exists() else ""))
 
 
+def _validate_libero(e) -> None:
+    from .envs.libero_env import CAMERAS, SUITES
+
+    _require(e.suite in SUITES, "env.suite", e.suite, f"use one of {', '.join(SUITES)}")
+    _require(len(e.task_ids) >= 1, "env.task_ids", list(e.task_ids), "name at least one task of the suite")
+    bad = [t for t in e.task_ids if not 0 <= t < SUITES[e.suite]]
+    _require(not bad, "env.task_ids", list(e.task_ids), f"{e.suite} has tasks 0..{SUITES[e.suite] - 1} (out of range: {bad})")
+    _require(set(e.cameras) <= set(CAMERAS), "env.cameras", list(e.cameras), f"LIBERO's cameras are {', '.join(CAMERAS)}")
+    _require(e.init_states in ("sampled", "fixed"), "env.init_states", e.init_states, "use sampled or fixed")
+    _require(e.settle_steps >= 0, "env.settle_steps", e.settle_steps, "must be >= 0")
+    _require(bool(e.python), "env.python", e.python, "LIBERO runs under its own interpreter: bash scripts/setup_libero.sh "
+             "makes .venv-libero (conf/env/libero.yaml points env.python at it)")
+
+
 def validate(cfg: RunConfig) -> None:
     """Check every field a run depends on; the first bad one raises ConfigError."""
     e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
-    _require(e.name in ("toy", "emulated", "robosuite", "metaworld", "robocasa"), "env.name", e.name,
-             "use toy, emulated, robosuite, metaworld or robocasa")
+    _require(e.name in ("toy", "emulated", "robosuite", "metaworld", "libero", "robocasa"), "env.name", e.name,
+             "use toy, emulated, robosuite, metaworld, libero or robocasa")
+    if e.name == "libero":
+        _validate_libero(e)
     _require(e.num_envs >= 1, "env.num_envs", e.num_envs, "must be >= 1")
     _require(e.arm_controller in ("OSC_POSE", "OSC_POSITION"), "env.arm_controller", e.arm_controller,
              "use OSC_POSE or OSC_POSITION")
@@ -250,6 +267,9 @@ def validate(cfg: RunConfig) -> None:
     _require(p.vocab >= 3, "policy.vocab", p.vocab, "must be >= 3 (ids 0 and 1 are padding and end of text)")
     _require(p.instruction_len >= 1, "policy.instruction_len", p.instruction_len, "must be >= 1")
     _require_path(p.init_from, "policy.init_from", "a checkpoint file (.pt)", want_dir=False)
+    _require_path(interpreter(cfg), "env.python", "an interpreter of the env's virtual environment (<venv>/bin/python)",
+                  want_dir=False)
+    _require(not e.python or os.access(interpreter(cfg), os.X_OK), "env.python", e.python, "is not executable")
     _require_path(p.pretrained, "policy.pretrained", "a local checkpoint folder (config.json + weights)", want_dir=True)
     _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")

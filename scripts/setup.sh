@@ -4,6 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# LIBERO's own interpreter (.venv-libero, env=libero): mostly downloads, so it runs beside the rest.
+libero_log=$(mktemp)
+bash scripts/setup_libero.sh >"$libero_log" 2>&1 &
+libero_pid=$!
+wait_libero() {
+  if ! wait "$libero_pid"; then cat "$libero_log"; echo "scripts/setup_libero.sh failed" >&2; exit 1; fi
+  cat "$libero_log"
+}
+
 need_apt=()
 command -v mpiexec >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)
 dpkg -s libegl1 >/dev/null 2>&1 || need_apt+=(libegl1 libgl1 libegl-mesa0)   # headless MuJoCo (EGL)
@@ -21,3 +30,4 @@ import numpy, zarr, torch, mpi4py, robosuite, metaworld, transformers, megatron.
 assert int(numpy.__version__.split(".")[0]) >= 2, numpy.__version__
 print("rlvla3 setup ok: torch", torch.__version__, "numpy", numpy.__version__, "zarr", zarr.__version__)
 PY
+wait_libero

@@ -48,6 +48,12 @@ def prepare_run_dir(cfg, run_dir: Path):
     from ..world import derive
 
     world = derive(cfg)
+    if cfg.env.python:   # another interpreter hosts the envs: it must run and import the simulator
+        from ..envs.hosting import check_interpreter
+        try:
+            check_interpreter(cfg)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     try:
         check_free(run_dir)
     except RunFolderBusy as e:

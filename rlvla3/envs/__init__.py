@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +35,9 @@ def env_dims(cfg) -> EnvDims:
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "metaworld":
         from .metaworld_env import ACTION_DIM, PROPRIO_DIM
+        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
+    elif e.name == "libero":
+        from .libero_env import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "emulated":
         cams, prop, act = 1, e.proprio_dim, e.action_dim
@@ -70,6 +74,9 @@ def make_env(cfg, env_id: int):
     if name == "robocasa":
         from .robocasa_env import RobocasaEnv
         return RobocasaEnv(cfg.env)
+    if name == "libero":
+        from .libero_env import LiberoEnv
+        return LiberoEnv(cfg.env)
     raise ValueError(f"env.name={name!r} is unknown")
 
 
@@ -83,9 +90,25 @@ def expert_tasks(cfg) -> list[str] | None:
     return []
 
 
+SOURCE_ROOT = Path(__file__).resolve().parents[2]   # the folder holding rlvla3/ (and .venv-libero)
+
+
+def interpreter(cfg) -> str:
+    """env.python as a path to run; a relative one is relative to SOURCE_ROOT (where
+    scripts/setup_libero.sh puts .venv-libero/), not to wherever a rank happens to start."""
+    return str(SOURCE_ROOT / cfg.env.python) if cfg.env.python else ""
+
+
+# The module an env's simulator is imported as (what `env.python` must be able to import).
+SIM_MODULES = {"libero": "libero.libero.envs", "robosuite": "robosuite", "robocasa": "robocasa", "metaworld": "metaworld",
+               "toy": None, "emulated": None}
+
+
 def in_process(cfg) -> bool:
     """toy and emulated envs are cheap and draw no GL context: they run inside the Simulator rank;
     rendering envs get one spawned child process each. env.in_process, when set, decides."""
+    if cfg.env.python:
+        return False   # another interpreter: necessarily a child process
     if cfg.env.in_process is not None:
         return cfg.env.in_process
     return cfg.env.name in ("toy", "emulated")

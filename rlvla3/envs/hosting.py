@@ -14,15 +14,20 @@ reset timeout, or dies, is killed and restarted; its episode is marked truncated
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
+import socket
+import subprocess
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 import numpy as np
 
-from . import env_dims, in_process, make_env, tokenize
+from . import SIM_MODULES, SOURCE_ROOT, env_dims, in_process, interpreter, make_env, tokenize
 from .base import Obs, StepOut
+from .wire import WireConnection, config_tree
 
 
 def episode_seed(base: int, env_id: int, episode: int) -> int:
@@ -233,14 +238,16 @@ class ProcessVecEnv(_GroupBase):
             self._spawn(k)
 
     def _spawn(self, k: int) -> None:
-        parent, child = self.ctx.Pipe()
         # A restarted env continues with fresh episode seeds instead of replaying old ones.
-        p = self.ctx.Process(target=_worker, args=(child, self.cfg, self.env_ids[k], self.seed, self.auto_reset,
-                                                    1000 * self.restarts[k]),
-                             daemon=True, name=f"env{self.env_ids[k]}")
-        p.start()
-        child.close()
-        self.procs[k], self.conns[k] = p, parent
+        args = (self.env_ids[k], self.seed, self.auto_reset, 1000 * self.restarts[k])
+        if self.cfg.env.python:
+            self.procs[k], self.conns[k] = start_foreign(self.cfg, *args)
+        else:
+            parent, child = self.ctx.Pipe()
+            p = self.ctx.Process(target=_worker, args=(child, self.cfg, *args), daemon=True, name=f"env{self.env_ids[k]}")
+            p.start()
+            child.close()
+            self.procs[k], self.conns[k] = p, parent
         self.answered[k] = False
 
     def _kill(self, k: int) -> None:
@@ -335,6 +342,60 @@ class ProcessVecEnv(_GroupBase):
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+
+
+class ForeignProcess:
+    """An env child under another interpreter (`env.python`), seen through the part of
+    multiprocessing.Process that ProcessVecEnv uses."""
+
+    def __init__(self, popen: subprocess.Popen):
+        self.popen = popen
+        self.pid = popen.pid
+
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.popen.poll()   # -N when killed by signal N, as multiprocessing says it
+
+    def kill(self) -> None:
+        self.popen.kill()
+
+    def join(self, timeout: float | None = None) -> None:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def start_foreign(cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -> tuple[ForeignProcess, WireConnection]:
+    """`env.python -m rlvla3.envs.worker FD`, with only our source tree on its PYTHONPATH (the
+    interpreter's own packages, not ours, must supply numpy and the simulator)."""
+    ours, theirs = socket.socketpair()
+    env = {**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}
+    popen = subprocess.Popen([interpreter(cfg), "-m", "rlvla3.envs.worker", str(theirs.fileno())],
+                             pass_fds=(theirs.fileno(),), env=env)
+    theirs.close()
+    conn = WireConnection(Connection(ours.detach()))
+    conn.send({"cfg": config_tree(cfg), "env_id": env_id, "seed": seed, "auto_reset": auto_reset, "episode": episode})
+    return ForeignProcess(popen), conn
+
+
+def check_interpreter(cfg, timeout: float = 300.0) -> None:
+    """`env.python` can host this env: it starts, imports numpy, our worker and the env's
+    simulator. Raises ValueError naming the interpreter and what failed (the launcher turns it
+    into a ConfigError before any rank starts)."""
+    module = SIM_MODULES.get(cfg.env.name)
+    code = "import numpy, rlvla3.envs.worker" + (f", {module}" if module else "")
+    env = {**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}
+    try:
+        p = subprocess.run([interpreter(cfg), "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"env.python={cfg.env.python!r} does not run ({type(e).__name__}: {e})") from None
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ValueError(f"env.python={cfg.env.python!r} cannot host env.name={cfg.env.name!r}: `{code}` failed: {last}")
 
 
 def make_vec_env(cfg, env_ids: list[int], seed: int, *, auto_reset: bool):

