@@ -221,6 +221,19 @@ def _validate_libero(e) -> None:
              "makes .venv-libero (conf/env/libero.yaml points env.python at it)")
 
 
+def check_env_python(cfg: RunConfig) -> None:
+    """env.python, if set, runs and imports the env's simulator (the launcher's check: it starts
+    that interpreter, so it is not part of `validate`, which every rank runs)."""
+    if not cfg.env.python:
+        return
+    from .envs.hosting import check_interpreter
+
+    try:
+        check_interpreter(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def validate(cfg: RunConfig) -> None:
     """Check every field a run depends on; the first bad one raises ConfigError."""
     e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding

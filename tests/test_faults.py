@@ -26,7 +26,7 @@ def test_an_armed_fault_point_kills_its_process_at_the_nth_visit_only():
 
 @pytest.mark.slow
 def test_bench_faults_short_run_loses_no_row_and_trains_none_twice(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "rlvla3.bench", "faults", "--minutes", "0.6", "--seed", "3",
+    p = subprocess.run([sys.executable, "-m", "rlvla3.bench", "faults", "--minutes", "0.3", "--seed", "3",
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-3000:]
     assert "rows lost: 0   rows trained twice: 0   version numbers reused: 0" in p.stdout

@@ -1,6 +1,6 @@
 """The toy env is learned, end to end: PPO in both modes (success clearly above a uniform-random
-policy within 40 versions x 256 = 10,240 env steps), and GRPO (sparse success outcome, no critic)
-on the toy without a distractor (language not needed) within 40 versions x 384 rows."""
+policy within 32 versions x 256 = 8,192 env steps), and GRPO (sparse success outcome, no critic)
+on the toy without a distractor (language not needed) within 32 versions x 384 rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +12,7 @@ from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
 
-VERSIONS = 40
+VERSIONS = 32
 MARGIN = 0.2  # absolute success-rate points above chance
 
 

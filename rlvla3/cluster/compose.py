@@ -45,15 +45,10 @@ def prepare_run_dir(cfg, run_dir: Path):
     from ..config import ConfigError
     from ..engine import shards
     from ..engine.lock import RunFolderBusy, check_free
-    from ..world import derive
+    from ..world import check_env_python, derive
 
     world = derive(cfg)
-    if cfg.env.python:   # another interpreter hosts the envs: it must run and import the simulator
-        from ..envs.hosting import check_interpreter
-        try:
-            check_interpreter(cfg)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+    check_env_python(cfg)
     try:
         check_free(run_dir)
     except RunFolderBusy as e:

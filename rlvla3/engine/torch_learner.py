@@ -475,7 +475,9 @@ class TorchLearner:
         (collective with Megatron). π_prox, where kept, is the model at the version's start: a
         mid-version resume has moved on from it, and publishing the model under the same version
         number would give that number to other weights (the rows it then produces would pass
-        as on-policy). Without π_prox no row's version decides anything, so the model serves."""
+        as on-policy). Without π_prox no row's version decides anything, so the model serves.
+        Megatron gathers the model's shards and does not yet publish π_prox: after a mid-version
+        resume it still republishes the moved-on model under the version's number."""
         if not self.megatron:
             return flat_params(self.prox if self.prox is not None else self.policy)
         state = self._full_state()
