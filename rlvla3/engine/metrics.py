@@ -94,16 +94,21 @@ def last_byte(path: Path) -> bytes:
         return f.read(1)
 
 
+def file_records(path: Path):
+    """Every record of one rank's metrics file, in order (its meta line starts each attempt)."""
+    for line in Path(path).read_text().splitlines():
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            continue   # the torn last line of a rank that was killed while writing it
+
+
 def read_records(run_dir: str | Path, kind: str):
     """Every record of `kind` ("span", "scalar", "summary") of a run folder as (rank, role,
     record), rank by rank."""
     for f in sorted((Path(run_dir) / "metrics").glob("rank*.jsonl")):
         role = "?"
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue   # the torn last line of a rank that was killed while writing it
+        for rec in file_records(f):
             if rec["k"] == "meta":
                 role = rec["role"]
             elif rec["k"] == kind:

@@ -283,7 +283,7 @@ class Simulator:
             return False
         work = self._announce_written()
         for g in self.groups:
-            work |= g.advance(self._may_send(g))
+            work |= g.advance(g.state == SEND and self._may_send(g))
         got = self.transport.poll(Tag.STOP)
         if got is not None:
             self.shutdown(got[1])

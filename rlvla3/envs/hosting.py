@@ -369,13 +369,18 @@ class ForeignProcess:
             pass
 
 
+def foreign_env() -> dict[str, str]:
+    """The environment of a process under env.python: ours, with only our source tree on
+    PYTHONPATH (the interpreter's own packages, not ours, supply numpy and the simulator)."""
+    return {**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}
+
+
 def start_foreign(cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -> tuple[ForeignProcess, WireConnection]:
     """`env.python -m rlvla3.envs.worker FD`, with only our source tree on its PYTHONPATH (the
     interpreter's own packages, not ours, must supply numpy and the simulator)."""
     ours, theirs = socket.socketpair()
-    env = {**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}
     popen = subprocess.Popen([interpreter(cfg), "-m", "rlvla3.envs.worker", str(theirs.fileno())],
-                             pass_fds=(theirs.fileno(),), env=env)
+                             pass_fds=(theirs.fileno(),), env=foreign_env())
     theirs.close()
     conn = WireConnection(Connection(ours.detach()))
     conn.send({"cfg": config_tree(cfg), "env_id": env_id, "seed": seed, "auto_reset": auto_reset, "episode": episode})
@@ -388,9 +393,8 @@ def check_interpreter(cfg, timeout: float = 300.0) -> None:
     into a ConfigError before any rank starts)."""
     module = SIM_MODULES.get(cfg.env.name)
     code = "import numpy, rlvla3.envs.worker" + (f", {module}" if module else "")
-    env = {**os.environ, "PYTHONPATH": str(SOURCE_ROOT)}
     try:
-        p = subprocess.run([interpreter(cfg), "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([interpreter(cfg), "-c", code], env=foreign_env(), capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ValueError(f"env.python={cfg.env.python!r} does not run ({type(e).__name__}: {e})") from None
     if p.returncode != 0:

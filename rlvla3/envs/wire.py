@@ -68,9 +68,9 @@ def _from_tree(t, data: bytes, offset: list):
         return t
     if "__nd__" in t:
         dtype, shape = np.dtype(t["__nd__"][0]), tuple(t["__nd__"][1])
-        n = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        a = np.frombuffer(data, dtype, count=n // dtype.itemsize if dtype.itemsize else 0, offset=offset[0]).reshape(shape)
-        offset[0] += n
+        count = int(np.prod(shape, dtype=np.int64))
+        a = np.frombuffer(data, dtype, count=count, offset=offset[0]).reshape(shape)
+        offset[0] += count * dtype.itemsize
         return a.copy()   # writable, and independent of the message buffer
     if "__tuple__" in t:
         return tuple(_from_tree(v, data, offset) for v in t["__tuple__"])

@@ -38,6 +38,7 @@ from ..cluster.compose import compose, prepare_run_dir
 from ..cluster.local import kill_session, mpi_env, mpiexec_command, session_procs
 from ..engine import checkpoints, faults, shards
 from ..engine.learners import EmulatedLearner
+from ..engine.metrics import file_records
 from ..world import World
 
 WORKLOAD = ["+experiment=emulated", "env.in_process=false", "env.num_envs=4", "cluster.sim_ranks=2",
@@ -155,11 +156,7 @@ def publishes_by_attempt(run: Path, rank: int) -> list[list[tuple[int, int]]]:
     """(version, fingerprint) of each weight publish of `rank`, attempt by attempt (a metrics
     file gets a meta line per start; a rank killed mid-line leaves a torn line, skipped)."""
     attempts: list[list[tuple[int, int]]] = []
-    for line in (run / "metrics" / f"rank{rank:04d}.jsonl").read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for rec in file_records(run / "metrics" / f"rank{rank:04d}.jsonl"):
         if rec["k"] == "meta":
             attempts.append([])
         elif rec["k"] == "span" and rec["n"] == "weight_sync" and "fingerprint" in rec and attempts:
@@ -249,7 +246,8 @@ def at_point(kind: str, job: Job, world: World, attempt: int) -> Outcome:
     seen: dict[int, int] = {}
 
     def dead() -> list[int]:   # mpiexec takes the others down within milliseconds: keep the armed role's
-        seen.update(job.ranks())
+        if len(seen) < world.size:   # a /proc scan per poll only until every rank was seen
+            seen.update(job.ranks())
         return [r for r, pid in seen.items() if gone(pid) and POINT_ROLE[kind] in world.role_name(r)]
 
     reached = wait_for(lambda: bool(dead()) or job.proc.poll() is not None, 90.0, 0.02)
@@ -283,13 +281,9 @@ def finish_fatal(out: Outcome, job: Job, t_fault: float | None, candidates: list
     out.hung = not exited
     out.orphans = job.sweep() if not exited else job.outlived()
     out.rc = job.proc.returncode
-    text = job.output()
-    for r in candidates or [out.rank]:
-        if f"rank {r}" in text:
-            out.rank, out.named = r, True
-            break
-    else:
-        out.rank = out.rank if candidates is None else candidates[0]
+    text, ranks = job.output(), candidates or [out.rank]
+    named = [r for r in ranks if f"rank {r}" in text]
+    out.rank, out.named = (named or ranks)[0], bool(named)
     out.ok = exited and out.rc != 0 and out.named and not out.orphans
     return out
 
