@@ -43,6 +43,11 @@ class EnvConfig:
     disjoint from the evaluation states) | fixed (the suite's 50 fixed states, as evaluated)."""
     settle_steps: int = 10
     """libero: no-op steps at each episode's start so objects settle (not policy steps)."""
+    seed_order: str = "hashed"
+    """Episode reset seeds: hashed (spread apart from the run's seed, env id and episode) |
+    sequential (the run's episodes from seeds seed, seed+1, ...: env i's k-th episode is
+    seed + i + k * num_envs; the LIBERO protocol visits each fixed initial state once so).
+    A GRPO group in training resets from one shared seed either way."""
     num_envs: int = 2
     """Total number of envs across all Simulator ranks."""
     horizon: int = 64

@@ -221,6 +221,16 @@ def _validate_libero(e) -> None:
              "makes .venv-libero (conf/env/libero.yaml points env.python at it)")
 
 
+def run_records(cfg: RunConfig) -> dict[str, dict]:
+    """Files the launcher writes into a run folder beside the config, by env: LIBERO's
+    init_states.json (which initial states the run trains or evaluates on)."""
+    if cfg.env.name == "libero":
+        from .envs.libero_env import state_split
+
+        return {"init_states.json": state_split(cfg)}
+    return {}
+
+
 def check_env_python(cfg: RunConfig) -> None:
     """env.python, if set, runs and imports the env's simulator (the launcher's check: it starts
     that interpreter, so it is not part of `validate`, which every rank runs)."""
@@ -242,6 +252,7 @@ def validate(cfg: RunConfig) -> None:
     if e.name == "libero":
         _validate_libero(e)
     _require(e.num_envs >= 1, "env.num_envs", e.num_envs, "must be >= 1")
+    _require(e.seed_order in ("hashed", "sequential"), "env.seed_order", e.seed_order, "use hashed or sequential")
     _require(e.arm_controller in ("OSC_POSE", "OSC_POSITION"), "env.arm_controller", e.arm_controller,
              "use OSC_POSE or OSC_POSITION")
     _require(e.arm_controller == "OSC_POSE" or e.name == "robosuite", "env.arm_controller", e.arm_controller,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -12,7 +13,7 @@ from rlvla3.cluster.compose import compose, prepare_run_dir
 from rlvla3.config import ConfigError
 from rlvla3.envs import SOURCE_ROOT
 from rlvla3.envs.wire import config_tree
-from tests.conftest import assert_ok, needs_mpi, run_engine
+from tests.conftest import needs_mpi
 
 VENV_PYTHON = SOURCE_ROOT / ".venv-libero" / "bin" / "python"
 needs_libero = pytest.mark.skipif(not VENV_PYTHON.exists(), reason="no .venv-libero: run bash scripts/setup_libero.sh "
@@ -79,22 +80,89 @@ def test_bad_libero_settings_are_refused_before_any_rank_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def tiny_checkpoint(path, overrides):
+    import torch
+
+    from rlvla3.policies import make_policy
+    from rlvla3.world import spec
+
+    cfg = compose(overrides)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": make_policy(cfg, spec(cfg)).state_dict()}, path)
+    return path
+
+
+TINY = ["env.image_size=64", "env.cameras=[agentview]", "policy=tiny", "policy.patch=16"]
+
+
 @needs_mpi
 @pytest.mark.slow
-def test_libero_rollouts_through_the_engine(tmp_path):
-    """A whole run on libero_spatial: Simulator ranks host LIBERO envs under .venv-libero's
-    interpreter, the tiny VLA acts on both cameras, shards hold LIBERO's images and proprio."""
+def test_the_protocol_runs_each_task_and_state_once_through_the_engine(tmp_path):
+    """`evaluate --protocol libero` on libero_spatial tasks 0 and 1 x 2 fixed states (a step limit
+    of 6, not the suite's 220: CI time): Simulator ranks host LIBERO under .venv-libero's
+    interpreter, the tiny VLA acts, each (task, state) runs once, the report has Wilson intervals
+    and the simulator versions; the shards hold LIBERO's images, proprio and 7-D actions."""
     import numpy as np
 
     from rlvla3.engine import shards
 
-    proc, run = run_engine(tmp_path, [
-        "env=libero", "env.num_envs=2", "env.image_size=64", "env.horizon=16", "env.settle_steps=2",
-        "policy=tiny", "policy.patch=16", "algo.segment_steps=8", "algo.rollout_batch=16", "algo.global_batch=16",
-        "algo.micro_batch=16", "algo.max_versions=1", "runtime.tensorboard=false"], timeout=600)
-    assert_ok(proc)
-    names = shards.scan(run / "shards")
-    arrays, attrs = shards.read_shard(run / "shards" / names[0])
-    assert arrays["images"].shape[2:] == (2, 64, 64, 3) and arrays["proprio"].shape[-1] == 8
+    ckpt = tiny_checkpoint(tmp_path / "init.pt", ["env=libero", *TINY])
+    out = subprocess.run([sys.executable, "-m", "rlvla3.evaluate", "--protocol", "libero", "--checkpoint", str(ckpt),
+                          "--states", "2", "--max-steps", "6", "--out", str(tmp_path / "eval"), "env.task_ids=[0,1]",
+                          "env.num_envs=2", "env.settle_steps=2", *TINY, "runtime.tensorboard=false"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads((tmp_path / "eval" / "protocol.json").read_text())
+    assert {t: r["episodes"] for t, r in result["tasks"].items()} == {"0": 2, "1": 2}
+    assert result["suite"]["episodes"] == 4 and result["max_steps"] == 6 and not result["standard_step_limit"]
+    lo, hi = result["suite"]["wilson95"]
+    assert lo <= result["suite"]["success_rate"] <= hi and hi > 0
+    assert result["versions"]["robosuite"] == "1.4.0" and result["versions"]["mujoco"].startswith("2.3.")
+    assert result["tasks"]["0"]["instruction"].startswith("pick up the black bowl")
+    assert (tmp_path / "eval" / "protocol.png").stat().st_size > 0
+    assert "(NOT the suite limit)" in out.stdout
+    split = json.loads((tmp_path / "eval" / "init_states.json").read_text())
+    assert split["purpose"] == "evaluation" and split["uses"]["kind"] == "fixed"
+    names = [n for n in shards.scan(tmp_path / "eval" / "shards") if shards.parse_name(n)[0] < 2]
+    seeds = sorted(s for n in names for s in shards.read_attrs(tmp_path / "eval" / "shards" / n)["reset_seeds"])
+    assert seeds == [0, 1, 2, 3]
+    arrays, attrs = shards.read_shard(tmp_path / "eval" / "shards" / names[0])
+    assert arrays["images"].shape[2:] == (1, 64, 64, 3) and arrays["proprio"].shape[-1] == 8
     assert arrays["actions"].shape[-1] == 7 and attrs["env"] == "libero"
     assert np.ptp(arrays["proprio"][:, :, :3]) > 0   # the arm moved
+
+
+def test_the_protocol_refuses_a_checkpoint_trained_on_its_test_states(tmp_path):
+    """A training run on the fixed states records it (init_states.json); the protocol names that
+    record and refuses before any rank starts. A run on sampled states records it held them out."""
+    train = tmp_path / "train"
+    prepare_run_dir(compose(["env=libero", "env.init_states=fixed"]), train)
+    split = json.loads((train / "init_states.json").read_text())
+    assert split["purpose"] == "training" and split["uses_test_states"]
+    ckpt = tiny_checkpoint(train / "ckpt" / "v000001.pt", ["env=libero", *TINY])
+    out = subprocess.run([sys.executable, "-m", "rlvla3.evaluate", "--protocol", "libero", "--checkpoint", str(ckpt),
+                          "--out", str(tmp_path / "eval"), *TINY], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "trained on libero_spatial's fixed initial states" in out.stderr, out.stderr[-2000:]
+    assert "init_states.json" in out.stderr and not (tmp_path / "eval").exists()
+    prepare_run_dir(compose(["env=libero"]), tmp_path / "held-out")
+    assert not json.loads((tmp_path / "held-out" / "init_states.json").read_text())["uses_test_states"]
+
+
+def test_sequential_seeds_visit_every_task_and_fixed_state_once():
+    """The protocol's 2 envs x 3 rounds = seeds 0..5 = tasks [3, 7] x fixed states 0..2, each once."""
+    from rlvla3.envs.hosting import episode_seed
+    from rlvla3.envs.libero_env import episode_of
+
+    seeds = [episode_seed(0, env, k, num_envs=2, order="sequential") for k in range(3) for env in range(2)]
+    assert sorted(seeds) == list(range(6))
+    assert sorted(episode_of(s, [3, 7]) for s in seeds) == [(t, i) for t in (3, 7) for i in range(3)]
+    assert len({episode_seed(0, env, k, 2) for k in range(3) for env in range(2)}) == 6   # hashed: distinct too
+
+
+def test_bench_sims_names_its_libero_rows_and_refuses_unknown_ones():
+    from rlvla3.tools.bench import LIBERO_TASKS, sim_task_names
+
+    assert sim_task_names("Lift,libero") == ["Lift", *LIBERO_TASKS]
+    assert {"libero_spatial@stock", "libero_spatial@1cam", "libero_spatial@224", "libero_90"} <= set(LIBERO_TASKS)
+    with pytest.raises(SystemExit, match="unknown \\['libero_100'\\]"):
+        sim_task_names("libero_100")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from rlvla3.tools.evaluate import wilson
+from rlvla3.tools.episodes import wilson
 from tests.conftest import needs_mpi
 
 

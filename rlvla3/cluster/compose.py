@@ -6,6 +6,7 @@ and writes the run folder every rank reads.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]   # the checkout: conf/ and slurm/ live beside the package
@@ -45,7 +46,7 @@ def prepare_run_dir(cfg, run_dir: Path):
     from ..config import ConfigError
     from ..engine import shards
     from ..engine.lock import RunFolderBusy, check_free
-    from ..world import check_env_python, derive
+    from ..world import check_env_python, derive, run_records
 
     world = derive(cfg)
     check_env_python(cfg)
@@ -58,4 +59,6 @@ def prepare_run_dir(cfg, run_dir: Path):
     if cfg.resume:
         shards.clean_partial(run_dir / "shards")  # temporaries of writers that died
     config.save(cfg, run_dir)
+    for name, record in run_records(cfg).items():
+        (run_dir / name).write_text(json.dumps(record, indent=1))
     return cfg, world

@@ -57,8 +57,9 @@ BAD_DIR = ".bad"
 #   versions   int32   [T, N]                 policy version that produced the row
 #   bootstrap  float32 [N]                    V(obs after the last row)
 # Attributes: steps, n_envs, rows, env_steps, min/max_version, episode_ends, successes, env_ids, and for
-# grpo `reset_digests` (crc32 of each env's first observation: equal within a group, or the
-# group's episodes did not start from one state).
+# episodic segments (grpo, evaluation) `reset_digests` (crc32 of each env's first observation:
+# equal within a GRPO group, or the group's episodes did not start from one state) and
+# `reset_seeds` (each env's reset seed: which initial state the segment's episode started from).
 ARRAYS = ("images", "proprio", "tokens", "sample", "actions", "logprobs", "values", "rewards",
           "terminated", "truncated", "success", "env_steps", "valid", "versions")
 

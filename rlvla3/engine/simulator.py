@@ -114,6 +114,7 @@ class GroupLoop:
         self.episodic = sim.world.episodic
         self.alive = np.ones(g.size, bool)           # episodic: envs still in their episode
         self.reset_digests: list[int] = []
+        self.reset_seeds: list[int] = []     # episodic: each env's seed of the segment's episode
         self.state = RESETTING
         self._start_reset()
 
@@ -199,6 +200,7 @@ class GroupLoop:
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
         if self.state == RESETTING and self.episodic:
             self.reset_digests = [obs_digest(out.images[i], out.proprio[i]) for i in range(self.g.size)]
+            self.reset_seeds = out.reset_seeds.tolist()
         if self.state == STEPPING and self.t == self.T:
             if self.episodic:   # every episode ended within the segment: nothing to bootstrap
                 self._end_segment(np.zeros(self.g.size, np.float32))
@@ -314,7 +316,7 @@ class Simulator:
         arrays = group.seg.arrays
         group.seg = SegmentBuffer.allocate(group.T, g.size, self.spec)
         if group.episodic:
-            attrs["reset_digests"] = group.reset_digests
+            attrs["reset_digests"], attrs["reset_seeds"] = group.reset_digests, group.reset_seeds
         v = arrays["versions"]
         msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
                          env_steps=int(arrays["env_steps"].sum()), sim_rank=self.rank, **group.stats)

@@ -19,6 +19,7 @@ class Obs:
     images: np.ndarray       # uint8 [cams, H, W, 3]
     proprio: np.ndarray      # float32 [P]
     instruction: str
+    reset_seed: int = -1     # set by the host on an episode's first observation: the seed it reset from
 
 
 @dataclass

@@ -30,7 +30,13 @@ from .base import Obs, StepOut
 from .wire import WireConnection, config_tree
 
 
-def episode_seed(base: int, env_id: int, episode: int) -> int:
+def episode_seed(base: int, env_id: int, episode: int, num_envs: int, order: str = "hashed") -> int:
+    """The reset seed of env `env_id`'s `episode`-th episode. `hashed` spreads seeds apart;
+    `sequential` numbers every episode of the run base, base+1, ... (env 0's first, env 1's first,
+    ..., env 0's second, ...): an evaluation protocol that must visit each of N initial states
+    once runs N episodes from seeds 0..N-1."""
+    if order == "sequential":
+        return base + env_id + num_envs * episode
     return (base * 1_000_003 + env_id * 10_007 + episode) % (2**31 - 1)
 
 
@@ -42,6 +48,7 @@ class Episode:
         self.horizon = cfg.env.horizon
         self.auto_reset = auto_reset
         self.env_id, self.seed = env_id, seed
+        self.num_envs, self.seed_order = cfg.env.num_envs, cfg.env.seed_order
         self.episode, self.t = 0, 0
         self.ended = False
         self.last_obs: Obs | None = None
@@ -50,7 +57,10 @@ class Episode:
         """Start an episode: from `seed` when given (grpo: one seed for a whole group), else from
         this env's own per-episode seed."""
         self.t, self.ended = 0, False
-        obs = self.env.reset(episode_seed(self.seed, self.env_id, self.episode) if seed is None else seed)
+        if seed is None:
+            seed = episode_seed(self.seed, self.env_id, self.episode, self.num_envs, self.seed_order)
+        obs = self.env.reset(seed)
+        obs.reset_seed = seed
         self.episode += 1
         self.last_obs = obs
         return obs
@@ -114,6 +124,7 @@ class GroupStep:
     actions: np.ndarray | None   # expert steps: float32 [n, A] the experts' actions (0 if none ran)
     step_s: float            # max over envs
     reset_s: float           # sum over envs that reset
+    reset_seeds: np.ndarray  # int64 [n]: each env's reset seed where this result starts an episode, else -1
 
 
 class _GroupBase:
@@ -142,6 +153,7 @@ class _GroupBase:
                                for o in outs]) if any(o.actions is not None for o in outs) else None),
             step_s=max(o.step_s for o in outs),
             reset_s=sum(o.reset_s for o in outs),
+            reset_seeds=np.array([o.obs.reset_seed for o in outs], np.int64),
         )
 
     @staticmethod

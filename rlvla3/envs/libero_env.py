@@ -16,11 +16,13 @@ As the published evaluation scripts drive LIBERO (OpenVLA, OpenVLA-OFT, openpi):
 - Each episode starts with env.settle_steps no-op actions (arm still, gripper open) so the
   objects settle; they are not policy steps. Success is LIBERO's BDDL goal check after a step,
   which ends the episode with reward 1.
-- Initial states, from the reset seed: the task is task_ids[seed % n]; env.init_states=fixed
-  takes the suite's fixed state (seed // n) % 50 (the 50 the protocol evaluates on),
-  env.init_states=sampled a fresh placement drawn from the task's BDDL regions with that seed
-  (the default for training: disjoint from the evaluation states). A GRPO group shares one
-  seed, so one task and one initial state.
+- Initial states, from the reset seed (`episode_of`): the task is task_ids[seed % n];
+  env.init_states=fixed takes the suite's fixed state (seed // n) % 50 (the 50 the protocol
+  evaluates on), env.init_states=sampled a fresh placement drawn from the task's BDDL regions
+  with that seed (the default for training: disjoint from the evaluation states). A GRPO group
+  shares one seed, so one task and one initial state. Every run folder records which states the
+  run used in init_states.json (`state_split`); the protocol refuses a checkpoint trained on its
+  test states.
 - Fast render (env.fast_render): MSAA off on the offscreen context, rebuilt after every reset
   (LIBERO's hard resets rebuild the model and its context).
 """
@@ -40,6 +42,26 @@ PROPRIO_DIM = 8
 ACTION_DIM = 7
 NO_OP = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)   # arm still, gripper open
 FIXED_STATES = 50
+
+
+def episode_of(seed: int, task_ids) -> tuple[int, int]:
+    """(task id, fixed-state index) of the episode reset from `seed`: with seeds 0..n*S-1 (in
+    `env.seed_order=sequential`) every one of n tasks meets each of its first S fixed states once."""
+    n = len(task_ids)
+    return int(task_ids[seed % n]), (seed // n) % FIXED_STATES
+
+
+def state_split(cfg) -> dict:
+    """Which initial states a run uses, for init_states.json in its run folder. The protocol's test
+    states are the suite's 50 fixed states of each task; training on sampled placements keeps
+    them held out (a peer once trained on its test states)."""
+    e = cfg.env
+    uses = {"kind": e.init_states, "states": list(range(FIXED_STATES)) if e.init_states == "fixed" else None,
+            "note": "the suite's fixed states (seed // len(task_ids)) % 50" if e.init_states == "fixed"
+            else "fresh placements drawn from each task's BDDL regions, from the reset seed"}
+    return {"suite": e.suite, "task_ids": list(e.task_ids), "purpose": "evaluation" if cfg.runtime.evaluate else "training",
+            "uses": uses, "test_states": {"kind": "fixed", "states": list(range(FIXED_STATES))},
+            "uses_test_states": e.init_states == "fixed"}
 
 
 def quat2axisangle(quat: np.ndarray) -> np.ndarray:
@@ -83,7 +105,7 @@ class LiberoEnv:
         return self.envs[task]
 
     def reset(self, seed: int) -> Obs:
-        task = self.tasks[seed % len(self.tasks)]
+        task, state = episode_of(seed, self.tasks)
         self.env = self._env_of(task)
         self.instruction = self.c.instruction or self.suite.get_task(task).language
         np.random.seed(seed % 2**32)   # LIBERO's placement samplers draw from numpy's global RNG
@@ -91,7 +113,7 @@ class LiberoEnv:
         raw = self.env.reset()
         if self.c.init_states == "fixed":
             states = self.suite.get_task_init_states(task)
-            raw = self.env.set_init_state(states[(seed // len(self.tasks)) % len(states)])
+            raw = self.env.set_init_state(states[state])
         if self.c.fast_render:
             self._fast_render()
         for _ in range(self.c.settle_steps):

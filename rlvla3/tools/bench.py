@@ -1,8 +1,8 @@
-"""`python -m rlvla3.bench throughput [--env emulated|robosuite|toy] [--ladder] [overrides...]`
+"""`python -m rlvla3.bench throughput [--env emulated|robosuite|toy|libero] [--ladder] [overrides...]`
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`   (tools/bench_faults.py)
-   `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...] [--episodes 10] [overrides...]`
+   `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...,libero] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
 steady-state env steps/s (versions after the first), the ratio to the best sync baseline,
@@ -36,6 +36,10 @@ WORKLOADS = {
                   "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=5", "sharding.groups_per_rank=2",
                   "generator.b_max=2"],
     "toy": ["+experiment=toy", "algo.max_versions=6", "algo.update_epochs=1"],
+    # LIBERO's real scenes under .venv-libero (libero_spatial tasks 0-3, both cameras at 64x64).
+    "libero": ["env=libero", "env.task_ids=[0,1,2,3]", "env.num_envs=4", "env.image_size=64", "policy=tiny",
+               "policy.patch=16", "sharding.groups_per_rank=2", "algo.segment_steps=8", "algo.rollout_batch=32",
+               "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=5", "generator.b_max=4"],
 }
 
 SYNC = ["mode=sync"]
@@ -227,53 +231,94 @@ SIM_TASKS = {"Lift": ["env=robosuite_lift"], "Stack": ["env=robosuite_stack"],
              "PickPlaceCan": ["env=robosuite_pickplacecan"], "Door": ["env=robosuite_door"],
              **{t: ["env=metaworld_pickplace", f"env.task={t}"]
                 for t in ("pick-place-v3", "reach-v3", "drawer-open-v3", "button-press-topdown-v3")}}
+# LIBERO (task 0 of each suite, under .venv-libero): conf/env/libero.yaml's two 128x128 cameras
+# with fast render, and on libero_spatial one change at a time (stock render, one camera, 224x224).
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+LIBERO_TASKS = {**{s: ["env=libero", f"env.suite={s}"] for s in LIBERO_SUITES},
+                "libero_spatial@stock": ["env=libero", "env.fast_render=false"],
+                "libero_spatial@1cam": ["env=libero", "env.cameras=[agentview]"],
+                "libero_spatial@224": ["env=libero", "env.image_size=224", "policy.patch=16"]}
+SIM_TASKS.update(LIBERO_TASKS)
 
 
-def sims_bench(a) -> int:
-    """Per robosuite / Meta-World task: step and reset time (p50/p99) of one env in this process with the
-    configured render settings, and the scripted expert's success over `--episodes` seeded
-    episodes (a task without an expert steps random actions, so only its timings count)."""
+def sim_task_names(tasks: str) -> list[str]:
+    """--tasks: names of SIM_TASKS, `libero` standing for every LIBERO row."""
+    names = [n for t in tasks.split(",") for n in (LIBERO_TASKS if t == "libero" else [t])]
+    bad = [n for n in names if n not in SIM_TASKS]
+    if bad:
+        raise SystemExit(f"--tasks: unknown {bad}; use libero or any of {', '.join(SIM_TASKS)}")
+    return names
+
+
+def time_episodes(cfg, episodes: int) -> dict:
+    """One env hosted as a Simulator hosts it (in-process or its child process, env.python
+    included): its start (process, build and first reset), per-step time inside the env, later
+    reset round trips, and the expert's successes (an env without an expert steps random actions,
+    so only its timings count)."""
     import time
 
     import numpy as np
 
-    from ..envs import env_dims, make_env
+    from ..envs import env_dims, expert_tasks
+    from ..envs.hosting import make_vec_env
+
+    tasks = expert_tasks(cfg)
+    expert = tasks is None or cfg.env.task in tasks
+    env = make_vec_env(cfg, [0], 0, auto_reset=False)
+    rng, dim = np.random.default_rng(0), env_dims(cfg).action_dim
+    steps, resets, wins, lengths = [], [], 0, []
+
+    def wait():
+        deadline = time.monotonic() + cfg.env.reset_timeout
+        while not env.ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bench sims: env.name={cfg.env.name} gave no result in {cfg.env.reset_timeout:.0f}s")
+            time.sleep(0.0002)
+        return env.result()
+
+    try:
+        for ep in range(episodes):
+            t0 = time.perf_counter()
+            env.start_reset(ep)
+            wait()
+            resets.append(time.perf_counter() - t0)
+            for t in range(cfg.env.horizon):
+                env.start_step(None if expert else rng.uniform(-1, 1, (1, 1, dim)).astype(np.float32))
+                out = wait()
+                steps.append(out.step_s)
+                if out.terminated[0] or out.truncated[0]:
+                    wins += bool(out.success[0])
+                    lengths.append(t + 1)
+                    break
+    finally:
+        env.close()
+    start, resets = resets[0], resets[1:] or resets   # the first reset also builds the env (and starts its process)
+    p = lambda x, q: float(np.percentile(x, q)) * 1e3  # noqa: E731
+    return {"start_s": start, "step_p50_ms": p(steps, 50), "step_p99_ms": p(steps, 99), "reset_p50_ms": p(resets, 50),
+            "reset_p99_ms": p(resets, 99), "expert": expert, "episodes": episodes, "successes": int(wins),
+            "mean_steps": float(np.mean(lengths)) if lengths else None}
+
+
+def sims_bench(a) -> int:
+    """Per task: step and reset time (p50/p99) of one env with the configured render settings, and
+    the scripted expert's success over `--episodes` seeded episodes."""
     from ..envs.base import child_env_vars
+    from ..world import check_env_python
 
     child_env_vars()
     rows = []
-    print(f"{'task':24s} {'cams':>4s} {'step p50 ms':>11s} {'step p99 ms':>11s} {'reset p50 ms':>12s} {'reset p99 ms':>12s} "
-          f"{'expert success':>14s} {'steps/ep':>8s}")
-    for task in a.tasks.split(","):
+    print(f"{'task':24s} {'cams':>4s} {'res':>4s} {'render':>6s} {'step p50 ms':>11s} {'step p99 ms':>11s} {'reset p50 ms':>12s} "
+          f"{'reset p99 ms':>12s} {'start s':>7s} {'expert success':>14s} {'steps/ep':>8s}")
+    for task in sim_task_names(a.tasks):
         cfg = compose([*SIM_TASKS[task], *a.overrides])
-        env = make_env(cfg, 0)
-        dim = env_dims(cfg).action_dim
-        rng = np.random.default_rng(0)
-        steps, resets, wins, lengths = [], [], 0, []
-        expert = getattr(env, "expert", None) is not None
-        for ep in range(a.episodes):
-            t0 = time.perf_counter()
-            env.reset(ep)
-            resets.append(time.perf_counter() - t0)
-            for t in range(cfg.env.horizon):
-                action = env.expert_action() if expert else rng.uniform(-1, 1, dim).astype(np.float32)
-                t0 = time.perf_counter()
-                _, _, done, success, _ = env.step(action)
-                steps.append(time.perf_counter() - t0)
-                if done:
-                    wins += success
-                    lengths.append(t + 1)
-                    break
-        env.close()
-        p = lambda x, q: float(np.percentile(x, q)) * 1e3  # noqa: E731
-        r = {"task": task, "cameras": len(cfg.env.cameras), "fast_render": cfg.env.fast_render,
-             "step_p50_ms": p(steps, 50), "step_p99_ms": p(steps, 99), "reset_p50_ms": p(resets, 50),
-             "reset_p99_ms": p(resets, 99), "expert": expert, "episodes": a.episodes, "successes": int(wins),
-             "mean_steps": float(np.mean(lengths)) if lengths else None}
+        check_env_python(cfg)
+        r = {"task": task, "cameras": len(cfg.env.cameras), "image_size": cfg.env.image_size,
+             "fast_render": cfg.env.fast_render, **time_episodes(cfg, a.episodes)}
         rows.append(r)
-        succ = f"{wins}/{a.episodes}" if expert else "no expert"
-        print(f"{task:24s} {r['cameras']:4d} {r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} "
-              f"{r['reset_p99_ms']:12.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
+        succ = f"{r['successes']}/{a.episodes}" if r["expert"] else "no expert"
+        print(f"{task:24s} {r['cameras']:4d} {r['image_size']:4d} {'fast' if r['fast_render'] else 'stock':>6s} "
+              f"{r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} {r['reset_p99_ms']:12.1f} "
+              f"{r['start_s']:7.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
     save_rows(a.out, "sims.json", rows)
     return 0
 
@@ -300,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", choices=["throughput", "weights", "families", "sims", "faults"])
     ap.add_argument("--minutes", type=float, default=10.0, help="faults: how long to inject faults")
     ap.add_argument("--seed", type=int, default=0, help="faults: the random choice of faults and moments")
-    ap.add_argument("--tasks", default=",".join(SIM_TASKS), help="sims: robosuite tasks")
+    ap.add_argument("--tasks", default=",".join(t for t in SIM_TASKS if t not in LIBERO_TASKS),
+                    help=f"sims: any of {', '.join(SIM_TASKS)}; libero = every LIBERO row")
     ap.add_argument("--episodes", type=int, default=10, help="sims: episodes per task")
     ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
     ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all)")

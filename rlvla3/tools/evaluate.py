@@ -9,7 +9,8 @@ stop") keeps short, successful episodes from being over-counted. Seeds: episode 
 Actions are sampled from the policy, as in training.
 
 Prints successes / episodes with a 95% Wilson score interval and writes `eval.json` in the run
-folder. `--average-last N` evaluates the mean weights of the N checkpoints of the run that end
+folder. `--protocol libero` runs LIBERO's standard evaluation instead (tools/libero_protocol.py).
+`--average-last N` evaluates the mean weights of the N checkpoints of the run that end
 at CKPT (a run whose consecutive versions differ a lot is better judged by their average than by
 whichever version came last).
 """
@@ -17,31 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import zipfile
 from datetime import datetime
 from pathlib import Path
 
-
-def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate (sound at 0, 1 and small n, unlike p ± z·se)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
-    """Config sections that turn `cfg` into an evaluation run of about `episodes` episodes."""
-    seg = math.ceil(cfg.env.horizon / cfg.policy.chunk)
-    rollout = cfg.env.num_envs * seg
-    return {"policy": {"init_from": checkpoint}, "runtime": {"evaluate": True},
-            "algo": {"segment_steps": seg, "rollout_batch": rollout, "global_batch": rollout,
-                     "micro_batch": min(cfg.algo.micro_batch, rollout), "update_epochs": 1,
-                     "max_versions": math.ceil(episodes / cfg.env.num_envs)}}
+from .episodes import count, eval_overrides, wilson
 
 
 def average_checkpoints(last: Path, n: int, out: Path) -> Path:
@@ -67,24 +49,6 @@ def average_checkpoints(last: Path, n: int, out: Path) -> Path:
     return out
 
 
-def count(run_dir: Path, versions: int) -> tuple[int, int]:
-    """(successes, episodes) over the shards of the first `versions` rollout steps: every env of
-    every such segment ran exactly one episode."""
-    from ..engine import shards
-
-    succ = eps = 0
-    for n in shards.scan(run_dir / "shards"):
-        if shards.parse_name(n)[0] >= versions:
-            continue
-        a, _ = shards.read_shard(run_dir / "shards" / n)
-        ended = (a["terminated"] | a["truncated"]).any(0)
-        if not ended.all():
-            raise RuntimeError(f"evaluation shard {n}: an episode did not end inside its segment")
-        succ += int((a["success"] & a["valid"]).any(0).sum())
-        eps += a["rewards"].shape[1]
-    return succ, eps
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (run ckpt/ or rlvla3.sft output)")
@@ -94,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="evaluate the mean weights of the last N run checkpoints ending at --checkpoint")
     ap.add_argument("--out", default="", help="run folder (default runs/eval/<date>-<time>)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds for the whole run")
+    ap.add_argument("--protocol", choices=["libero"], default=None,
+                    help="libero: every task of env.suite x --states fixed initial states (rlvla3/tools/libero_protocol.py)")
+    ap.add_argument("--states", type=int, default=50, help="--protocol libero: fixed initial states per task")
+    ap.add_argument("--max-steps", type=int, default=0, help="--protocol libero: step limit (default: the suite's)")
+    ap.add_argument("--allow-train-states", action="store_true",
+                    help="--protocol libero: evaluate a checkpoint trained on the fixed states (not held out)")
     ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
     a = ap.parse_intermixed_args(argv)
     from .. import config
@@ -115,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = Path(a.checkpoint)
     if a.average_last > 1:
         ckpt = average_checkpoints(ckpt, a.average_last, run_dir.with_name(run_dir.name + "-averaged.pt"))
+    if a.protocol == "libero":
+        from .libero_protocol import main as libero_protocol
+
+        return libero_protocol(a, ckpt, run_dir)
     cfg = compose(a.overrides)
     cfg = config.replace(cfg, seed=a.seed, **eval_overrides(cfg, str(ckpt.resolve()), a.episodes))
     proc = run_local(cfg, run_dir, timeout=a.timeout)

