@@ -46,8 +46,9 @@ def rank_hosts(run: Path) -> dict[int, tuple[str, str]]:
 
 def test_hydra_sweep_runs_one_het_job_per_point(tmp_path):
     sweep = tmp_path / "sweep"
+    # One epoch per version (not toy's 4): the plumbing is under test here, not the learning.
     proc = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", *TOY_SLURM, "algo.max_versions=3",
-                           "mode=sync,async", f"hydra.sweep.dir={sweep}"],
+                           "algo.update_epochs=1", "mode=sync,async", f"hydra.sweep.dir={sweep}"],
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for point, mode in (("0", "sync"), ("1", "async")):
@@ -154,7 +155,9 @@ def test_a_sigkilled_rank_fails_the_submission(tmp_path):
 def test_sbatch_scale_test_leaves_a_run_folder_per_point_and_a_plot(tmp_path):
     repo = Path(__file__).resolve().parent.parent
     sweep = tmp_path / "sweep"
-    env = {**os.environ, "RLVLA3_SCALE_DIV": "64", "RLVLA3_SWEEP": str(sweep), "RLVLA3_PYTHON": sys.executable}
+    env = {**os.environ, "RLVLA3_SCALE_DIV": "64", "RLVLA3_SWEEP": str(sweep), "RLVLA3_PYTHON": sys.executable,
+           # the script's own points, at one epoch per version: the sweep's plumbing is under test
+           "RLVLA3_SCALE_OVERRIDES": "cluster=slurm_local +experiment=toy algo.max_versions=4 algo.update_epochs=1"}
     proc = subprocess.run(["sbatch", "--wait", f"--output={tmp_path}/scale-%j.out", "slurm/scale_test.sh"],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     log = "".join(p.read_text() for p in tmp_path.glob("scale-*.out"))

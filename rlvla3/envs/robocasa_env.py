@@ -1,7 +1,9 @@
 """`robocasa`: RoboCasa kitchen tasks through robosuite's registry (an optional backend).
 
-RoboCasa is not on PyPI and needs ~10 GB of kitchen assets; it also pins its own mujoco and
-numpy. It therefore lives behind a lazy import: nothing here imports it until an env is made,
+RoboCasa's code is on PyPI (praxis-robocasa, rlinf-robocasa365, rpent-robocasa365) but its
+kitchen assets are not: those packages carry a 3.5 MB stub of the asset folder, and the fixtures,
+textures and objects come only as archives from utexas.box.com (README, Envs). It also pins its
+own mujoco and numpy. It therefore lives behind a lazy import: nothing here imports it until an env is made,
 and a missing install fails at once with what to do (`require_robocasa`). Importing robocasa
 registers its tasks in robosuite, so `robosuite.make("<Task>", robots="PandaOmron", ...)` builds
 them; the instruction is the episode's `get_ep_meta()["lang"]`, success `_check_success()`.
@@ -29,8 +31,9 @@ POLICY_PARTS = (("right", 6), ("right_gripper", 1), ("base", 3), ("torso", 1), (
 PROPRIO_DIM = 9 + 3   # eef position 3, quaternion 4, gripper 2, base position 3
 ACTION_DIM = sum(n for _, n in POLICY_PARTS)
 
-INSTALL = ("RoboCasa is not installed (it is not on PyPI and needs ~10 GB of kitchen assets): in its own "
-           "environment, `git clone https://github.com/robocasa/robocasa && pip install -e robocasa && "
+INSTALL = ("RoboCasa is not installed (its kitchen assets are not on PyPI): in its own environment (then "
+           "env.python=<venv>/bin/python), `pip install rlinf-robocasa365` with its assets from utexas.box.com under "
+           "ROBOCASA_ASSETS_PATH, or `git clone https://github.com/robocasa/robocasa && pip install -e robocasa && "
            "python robocasa/robocasa/scripts/download_kitchen_assets.py && python "
            "robocasa/robocasa/scripts/setup_macros.py` (it asserts its own mujoco and numpy versions)")
 

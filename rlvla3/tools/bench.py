@@ -2,6 +2,7 @@
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`   (tools/bench_faults.py)
+   `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
    `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...,libero] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
@@ -341,8 +342,13 @@ def median_seconds(fn, repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fidelity"]:   # its own options (tools/libero_fidelity.py)
+        from .libero_fidelity import main as fidelity
+
+        return fidelity(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights", "families", "sims", "faults"])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "sims", "faults", "fidelity"])
     ap.add_argument("--minutes", type=float, default=10.0, help="faults: how long to inject faults")
     ap.add_argument("--seed", type=int, default=0, help="faults: the random choice of faults and moments")
     ap.add_argument("--tasks", default=",".join(t for t in SIM_TASKS if t not in LIBERO_TASKS),
