@@ -43,6 +43,10 @@ class EnvConfig:
     disjoint from the evaluation states) | fixed (the suite's 50 fixed states, as evaluated)."""
     settle_steps: int = 10
     """libero: no-op steps at each episode's start so objects settle (not policy steps)."""
+    hard_reset: bool = True
+    """libero: rebuild the scene's model at every reset, as robosuite and the published evaluation
+    scripts do (~5 s here). false resets the same model (~0.3 s): the initial state is identical,
+    the dynamics after the first episode differ by micrometres (README, LIBERO)."""
     seed_order: str = "hashed"
     """Episode reset seeds: hashed (spread apart from the run's seed, env id and episode) |
     sequential (the run's episodes from seeds seed, seed+1, ...: env i's k-th episode is

@@ -23,8 +23,8 @@ As the published evaluation scripts drive LIBERO (OpenVLA, OpenVLA-OFT, openpi):
   shares one seed, so one task and one initial state. Every run folder records which states the
   run used in init_states.json (`state_split`); the protocol refuses a checkpoint trained on its
   test states.
-- Fast render (env.fast_render): MSAA off on the offscreen context, rebuilt after every reset
-  (LIBERO's hard resets rebuild the model and its context).
+- Fast render (env.fast_render): MSAA off on the offscreen context, rebuilt after every hard
+  reset (env.hard_reset, robosuite's default: it rebuilds the model and its context).
 """
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ class LiberoEnv:
             self.envs[task] = OffScreenRenderEnv(
                 bddl_file_name=self.suite.get_task_bddl_file_path(task), camera_names=list(self.c.cameras),
                 camera_heights=self.c.image_size, camera_widths=self.c.image_size,
-                horizon=self.c.horizon + self.c.settle_steps + 10)   # robosuite refuses steps past its own horizon
+                horizon=self.c.horizon + self.c.settle_steps + 10,   # robosuite refuses steps past its own horizon
+                hard_reset=self.c.hard_reset)
         return self.envs[task]
 
     def reset(self, seed: int) -> Obs:

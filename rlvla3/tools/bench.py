@@ -233,12 +233,14 @@ SIM_TASKS = {"Lift": ["env=robosuite_lift"], "Stack": ["env=robosuite_stack"],
              **{t: ["env=metaworld_pickplace", f"env.task={t}"]
                 for t in ("pick-place-v3", "reach-v3", "drawer-open-v3", "button-press-topdown-v3")}}
 # LIBERO (task 0 of each suite, under .venv-libero): conf/env/libero.yaml's two 128x128 cameras
-# with fast render, and on libero_spatial one change at a time (stock render, one camera, 224x224).
+# with fast render, and on libero_spatial one change at a time (stock render, one camera, 224x224,
+# soft resets).
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 LIBERO_TASKS = {**{s: ["env=libero", f"env.suite={s}"] for s in LIBERO_SUITES},
                 "libero_spatial@stock": ["env=libero", "env.fast_render=false"],
                 "libero_spatial@1cam": ["env=libero", "env.cameras=[agentview]"],
-                "libero_spatial@224": ["env=libero", "env.image_size=224", "policy.patch=16"]}
+                "libero_spatial@224": ["env=libero", "env.image_size=224", "policy.patch=16"],
+                "libero_spatial@soft": ["env=libero", "env.hard_reset=false"]}
 SIM_TASKS.update(LIBERO_TASKS)
 
 
