@@ -1,0 +1,111 @@
+"""The published OpenVLA layout (rlvla3/policies/prismatic.py): a tiny checkpoint written under the
+released folder's file, config and tensor names loads back exactly; a folder that differs fails
+naming the tensor; openvla-7b's published configuration has the published parameter count (meta
+device, no memory); OpenVLA's action tokens and un-normalisation round-trip."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlvla3.policies import prismatic as pz
+
+# The published towers' kinds and head counts (16), tiny widths and depths, 28x28 images (4 patches).
+TINY_TOWERS = [("dinov2", {"hidden": 32, "depth": 3, "mlp": 128, "patch": 14, "image": 28},
+                pz.TOWERS["vit_large_patch14_reg4_dinov2.lvd142m"]),
+               ("siglip", {"hidden": 48, "depth": 3, "mlp": 80, "patch": 14, "image": 28},
+                pz.TOWERS["vit_so400m_patch14_siglip_224"])]
+# A tiny Llama keeps the real vocabulary: action tokens are ids 31744..31999, <PAD> is 32000.
+TINY_LLAMA = {"vocab_size": 32064, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 4, "pad_token_id": 32000}
+STATS = {"libero_spatial_no_noops": {"action": {"q01": [-0.5] * 6 + [-1.0], "q99": [0.7] * 6 + [1.0],
+                                                "mask": [True] * 6 + [False]}}}
+
+
+def tiny_folder(tmp_path):
+    torch.manual_seed(0)
+    model = pz.Prismatic(TINY_TOWERS, TINY_LLAMA)
+    for p in model.parameters():   # non-trivial values everywhere (layer scales, tokens, norms)
+        p.data.normal_(0, 0.2)
+    pz.save_folder(model, tmp_path / "openvla", pz.openvla_config(dict(TINY_LLAMA, model_type="llama"), STATS))
+    return model, tmp_path / "openvla"
+
+
+def test_a_tiny_checkpoint_in_the_released_layout_loads_back_exactly(tmp_path):
+    model, folder = tiny_folder(tmp_path)
+    names = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "vision_backbone.featurizer.blocks.0.attn.qkv.weight" in names and "vision_backbone.featurizer.reg_token" in names
+    assert "vision_backbone.featurizer.blocks.2.ls1.scale_factor" in names and "projector.fc3.weight" in names
+    assert "vision_backbone.fused_featurizer.attn_pool.kv.weight" in names and "language_model.lm_head.weight" in names
+    assert len(set(names.values())) == 2 and (folder / "dataset_statistics.json").is_file()
+    loaded, cfg = pz.load_folder(folder)
+    assert cfg["norm_stats"] == STATS and [t.config.num_hidden_layers for t in loaded.towers] == [3, 3]
+    pixels = torch.randn(2, 6, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(model.patch_features(pixels), loaded.patch_features(pixels), atol=1e-5)
+        ids = torch.randint(0, 32064, (2, 5))
+        assert torch.equal(model.lm(ids).logits, loaded.lm(ids).logits)
+
+
+def test_patch_features_are_the_second_to_last_blocks_patches_of_both_towers(tmp_path):
+    """DINOv2 drops its cls token and 4 registers; the features change with the image; no final norm."""
+    model, _ = tiny_folder(tmp_path)
+    pixels = torch.randn(1, 6, 28, 28)
+    with torch.no_grad():
+        feats = model.patch_features(pixels)
+        dino = model.towers[0](pixel_values=pixels[:, :3], output_hidden_states=True)
+        assert feats.shape == (1, 4, 32) and dino.hidden_states[-2].shape == (1, 1 + 4 + 4, 32)
+        assert not torch.allclose(feats, model.patch_features(pixels.flip(-1)))
+
+
+@pytest.mark.parametrize("damage", ["missing", "extra", "shape"])
+def test_a_folder_that_is_not_the_released_layout_fails_naming_the_tensor(tmp_path, damage):
+    from safetensors.torch import load_file, save_file
+
+    _, folder = tiny_folder(tmp_path)
+    shard = folder / "model-00001-of-00002.safetensors"
+    t = load_file(shard)
+    name = "vision_backbone.featurizer.blocks.1.mlp.fc2.weight"
+    assert name in t
+    if damage == "missing":
+        del t[name]
+    elif damage == "extra":
+        t["vision_backbone.featurizer.blocks.1.mlp.fc3.weight"] = torch.zeros(2)
+        name = "vision_backbone.featurizer.blocks.1.mlp.fc3.weight"
+    else:
+        t[name] = torch.zeros(3, 3)
+    save_file(t, shard, metadata={"format": "pt"})
+    with pytest.raises(pz.LayoutError, match=name.replace(".", r"\.")):
+        pz.load_folder(folder)
+
+
+def test_a_folder_without_weights_or_config_is_named(tmp_path):
+    _, folder = tiny_folder(tmp_path)
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors is named in the index but missing"):
+        pz.load_folder(folder)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        pz.load_folder(tmp_path)
+
+
+def test_the_published_configuration_has_the_published_parameter_count_without_memory():
+    model = pz.published_model_on_meta()
+    assert all(p.is_meta for p in model.parameters())
+    counts = [sum(p.numel() for p in m.parameters()) for m in (*model.towers, model.projector, model.lm)]
+    # The released folder's 7,541,237,184 tensors; transformers' DINOv2 adds a mask token and the
+    # cls position (1,024 each), which the loader fills with zeros.
+    assert sum(counts) == pz.PUBLISHED_PARAMS + 2048
+    assert counts == [303_233_024, 427_680_704, 71_385_600, 6_738_939_904]
+
+
+def test_action_tokens_round_trip_through_the_norm_stats():
+    stats = STATS["libero_spatial_no_noops"]["action"]
+    actions = torch.tensor([[-0.5, 0.7, 0.1, 0.0, -0.2, 0.3, 1.0], [0.69, -0.49, 0.6, 0.2, 0.0, -0.1, -1.0]])
+    tokens = pz.actions_to_tokens(actions, stats)
+    assert tokens.min() >= 31744 and tokens.max() <= 31999
+    back = pz.tokens_to_actions(tokens, stats)
+    half_bin = 0.6 / 255   # a bin is 2/255 wide in [-1, 1], (q99 - q01) / 255 = 1.2/255 in these units
+    assert torch.all((back[:, :6] - actions[:, :6]).abs() <= half_bin + 1e-6)
+    assert torch.allclose(back[:, 6], torch.tensor([0.99607843, -0.99607843]), atol=1e-6)   # gripper: not un-normalised
+    assert pz.tokens_to_actions(torch.tensor([31999]), {"q01": [0.0], "q99": [2.0]}).item() == pytest.approx(1 / 255)
