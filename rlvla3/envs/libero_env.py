@@ -23,8 +23,10 @@ As the published evaluation scripts drive LIBERO (OpenVLA, OpenVLA-OFT, openpi):
   shares one seed, so one task and one initial state. Every run folder records which states the
   run used in init_states.json (`state_split`); the protocol refuses a checkpoint trained on its
   test states.
-- Fast render (env.fast_render): MSAA off on the offscreen context, rebuilt after every hard
-  reset (env.hard_reset, robosuite's default: it rebuilds the model and its context).
+- Fast render (env.fast_render): MSAA off. A hard reset (env.hard_reset, robosuite's default)
+  rebuilds the model and its render context from XML, so the XML says offsamples=0 (robosuite's
+  xml processor hook); the context made at construction is remade once, at the first reset
+  (remaking it at every reset cost ~2.5 s).
 """
 from __future__ import annotations
 
@@ -73,6 +75,19 @@ def quat2axisangle(quat: np.ndarray) -> np.ndarray:
     return quat[:3] * 2.0 * np.arccos(w) / den
 
 
+def no_msaa(xml: str) -> str:
+    """The model XML with `<visual><quality offsamples="0"/>`: render contexts made from it have no MSAA."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(xml)
+    visual = root.find("visual")
+    visual = ET.SubElement(root, "visual") if visual is None else visual
+    quality = visual.find("quality")
+    quality = ET.SubElement(visual, "quality") if quality is None else quality
+    quality.set("offsamples", "0")
+    return ET.tostring(root, encoding="unicode")
+
+
 def child_env_vars() -> None:
     """robosuite 1.4 renders through PyOpenGL: EGL needs PYOPENGL_PLATFORM too. LIBERO reads an
     optional config.yaml from LIBERO_CONFIG_PATH: an empty folder keeps a stale one from moving
@@ -103,6 +118,8 @@ class LiberoEnv:
                 camera_heights=self.c.image_size, camera_widths=self.c.image_size,
                 horizon=self.c.horizon + self.c.settle_steps + 10,   # robosuite refuses steps past its own horizon
                 hard_reset=self.c.hard_reset)
+            if self.c.fast_render:
+                self.envs[task].env.set_xml_processor(no_msaa)
         return self.envs[task]
 
     def reset(self, seed: int) -> Obs:
@@ -122,8 +139,9 @@ class LiberoEnv:
         return self._obs(raw)
 
     def _fast_render(self) -> None:
-        """MSAA off: the offscreen context reads model.vis.quality.offsamples when it is made, so
-        it is made again (the old one freed first: freeing unbinds whatever context is current)."""
+        """MSAA off on a context made with it (the one made at construction, before the XML hook):
+        the offscreen context reads model.vis.quality.offsamples when it is made, so it is made
+        again (the old one freed first: freeing unbinds whatever context is current)."""
         import gc
 
         from robosuite.utils.binding_utils import MjRenderContextOffscreen
