@@ -109,3 +109,21 @@ def test_action_tokens_round_trip_through_the_norm_stats():
     assert torch.all((back[:, :6] - actions[:, :6]).abs() <= half_bin + 1e-6)
     assert torch.allclose(back[:, 6], torch.tensor([0.99607843, -0.99607843]), atol=1e-6)   # gripper: not un-normalised
     assert pz.tokens_to_actions(torch.tensor([31999]), {"q01": [0.0], "q99": [2.0]}).item() == pytest.approx(1 / 255)
+
+
+def test_images_get_each_towers_own_size_and_normalisation_from_the_folder(tmp_path):
+    """preprocessor_config.json decides: DINOv2 ImageNet mean/std, SigLIP 0.5/0.5, naive resize."""
+    model, folder = tiny_folder(tmp_path)
+    pre = pz.read_preprocessor(folder)
+    assert pre["input_sizes"] == [[3, 28, 28], [3, 28, 28]] and pre["means"][0] == [0.485, 0.456, 0.406]
+    white = torch.full((2, 64, 48, 3), 255, dtype=torch.uint8)   # not square: resized, aspect not kept
+    x = pz.pixels(white, pre)
+    assert x.shape == (2, 6, 28, 28)
+    assert torch.allclose(x[0, :3, 5, 5], (1 - torch.tensor([0.485, 0.456, 0.406])) / torch.tensor([0.229, 0.224, 0.225]))
+    assert torch.allclose(x[0, 3:], torch.ones(3, 28, 28))
+    with torch.no_grad():
+        assert model.patch_features(x).shape == (2, 4, 32)
+    assert pz.prompt("Put the Bowl on the plate ") == "In: What action should the robot take to put the bowl on the plate?\nOut:"
+    (folder / "preprocessor_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="preprocessor_config.json"):
+        pz.read_preprocessor(folder)

@@ -33,6 +33,13 @@ PUBLISHED = {"dinov2": {"hidden": 1024, "depth": 24, "mlp": 4096, "patch": 14, "
              "siglip": {"hidden": 1152, "depth": 27, "mlp": 4304, "patch": 14, "image": 224},
              "llama": {"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
                        "num_attention_heads": 32, "num_key_value_heads": 32, "pad_token_id": 32000}}
+# preprocessor_config.json of the released folders: per tower (DINOv2, SigLIP) its input size,
+# mean and std; images are resized naively (no aspect kept), bicubic, antialiased.
+PREPROCESSOR = {"image_processor_type": "PrismaticImageProcessor", "processor_class": "PrismaticProcessor",
+                "use_fused_vision_backbone": True, "image_resize_strategy": "resize-naive",
+                "input_sizes": [[3, 224, 224], [3, 224, 224]], "interpolations": ["bicubic", "bicubic"],
+                "means": [[0.485, 0.456, 0.406], [0.5, 0.5, 0.5]], "stds": [[0.229, 0.224, 0.225], [0.5, 0.5, 0.5]]}
+PROMPT = "In: What action should the robot take to {instruction}?\nOut:"   # then token 29871, then the actions
 PUBLISHED_PARAMS = 7_541_237_184   # the released folder's tensors (transformers adds 2,048: DINOv2's mask token and cls position)
 
 
@@ -296,7 +303,8 @@ def load_folder(folder: str | Path) -> tuple[Prismatic, dict]:
 
 
 def save_folder(model: Prismatic, folder: str | Path, config: dict, shards: int = 2) -> None:
-    """The released layout: config.json, model-0000i-of-0000n.safetensors + the index, dataset_statistics.json."""
+    """The released layout: config.json, model-0000i-of-0000n.safetensors + the index,
+    dataset_statistics.json, preprocessor_config.json (the tokenizer files are the user's Llama-2 ones)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -315,6 +323,8 @@ def save_folder(model: Prismatic, folder: str | Path, config: dict, shards: int 
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     (folder / "dataset_statistics.json").write_text(json.dumps(config.get("norm_stats", {}), indent=1))
+    sizes = [[3, t.config.image_size, t.config.image_size] for t in model.towers]
+    (folder / "preprocessor_config.json").write_text(json.dumps({**PREPROCESSOR, "input_sizes": sizes}, indent=1))
 
 
 def openvla_config(text_config: dict, norm_stats: dict) -> dict:
@@ -335,6 +345,37 @@ def published_model_on_meta() -> Prismatic:
     with torch.device("meta"):
         towers = [(spec["kind"], PUBLISHED[spec["kind"]], spec) for spec in TOWERS.values()]
         return Prismatic(towers, PUBLISHED["llama"])
+
+
+# ------------------------------------------------------------------ the checkpoint's own input conventions
+def read_preprocessor(folder: Path) -> dict:
+    """preprocessor_config.json of the folder (a missing file is named: its means and stds are
+    the checkpoint's, not ours to guess)."""
+    path = Path(folder) / "preprocessor_config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"policy.pretrained={folder}: no preprocessor_config.json (the towers' image size, "
+                                "mean and std)")
+    pre = json.loads(path.read_text())
+    if pre.get("image_resize_strategy") != "resize-naive" or len(pre.get("means", [])) != len(pre.get("input_sizes", [])):
+        raise LayoutError(f"{path}: image_resize_strategy={pre.get('image_resize_strategy')!r}, means {pre.get('means')}: "
+                          "expected resize-naive and one mean/std per tower")
+    return pre
+
+
+def pixels(images: torch.Tensor, pre: dict) -> torch.Tensor:
+    """uint8 images [n, H, W, 3] (already in the orientation the checkpoint was trained on, e.g.
+    LIBERO's 180-degree turn) -> [n, 3 * towers, h, w]: each tower's resize and normalisation."""
+    x = images.permute(0, 3, 1, 2).float().div(255.0)
+    out = []
+    for (_, h, w), mean, std in zip(pre["input_sizes"], pre["means"], pre["stds"]):
+        y = nn.functional.interpolate(x, size=(h, w), mode="bicubic", align_corners=False, antialias=True).clamp(0, 1)
+        out.append((y - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1))
+    return torch.cat(out, 1)
+
+
+def prompt(instruction: str) -> str:
+    """OpenVLA's prompt (its training lower-cased the instruction)."""
+    return PROMPT.format(instruction=instruction.lower().strip())
 
 
 # ------------------------------------------------------------------ actions
