@@ -50,6 +50,16 @@ def tiny_pi0_config(pcfg, spec):
         num_inference_steps=pcfg.denoise_steps)
 
 
+def published_pi0_on_meta():
+    """π0 at its published size, allocating no memory: transformers' PI0Config defaults are
+    lerobot/pi0's (PaliGemma: SigLIP So400m/14 + Gemma 2B, 18 x 2048; Gemma-300M action expert,
+    18 x 1024; chunk 50, state and action padded to 32, 10 denoising steps)."""
+    from transformers import PI0Config, PI0ForConditionalGeneration
+
+    with torch.device("meta"):
+        return PI0ForConditionalGeneration(PI0Config())
+
+
 class Pi0Flow(Policy):
     def __init__(self, pcfg, spec):
         super().__init__()
