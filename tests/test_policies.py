@@ -2,6 +2,8 @@
 act's log-prob, gradients reach the parameters, and real checkpoints load from a local path."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -85,6 +87,18 @@ def test_pretrained_checkpoints_load_from_a_local_path(tmp_path):
         build(name="openvla", pretrained=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="chunk_size=2"):
         build(name="pi0", chunk=4, pretrained=str(tmp_path / "pi0"))
+    # A checkpoint that does not match its config fails naming the tensors (transformers alone
+    # would only report them and start the missing ones at random).
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(tmp_path / "pi0" / "model.safetensors")
+    gone = sorted(weights)[0]
+    del weights[gone]
+    weights["action_out_proj.extra"] = torch.zeros(2)
+    save_file(weights, tmp_path / "pi0" / "model.safetensors", metadata={"format": "pt"})
+    # (the missing one under the model's name: transformers' conversion mapping may prefix it)
+    with pytest.raises(ValueError, match=rf"missing keys \['([\w.]+\.)?{re.escape(gone)}'\]; unexpected keys \['action_out_proj\.extra'\]"):
+        build(name="pi0", chunk=2, pretrained=str(tmp_path / "pi0"))
 
 
 def test_auto_device_spreads_the_ranks_of_a_node_over_its_gpus():

@@ -41,6 +41,17 @@ def require_checkpoint(path: Path, what: str) -> Path:
     return path
 
 
+def load_strict(cls, path: Path, what: str):
+    """`cls.from_pretrained(path)` that fails listing every missing, unexpected or misshapen tensor
+    (transformers only reports them and initialises the missing ones at random)."""
+    model, info = cls.from_pretrained(require_checkpoint(path, what), local_files_only=True, output_loading_info=True)
+    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(bad.values()):
+        raise ValueError(f"policy.pretrained: the {what} checkpoint at {path} does not match its config: "
+                         + "; ".join(f"{k.replace('_', ' ')} {v[:8]}{' ...' if len(v) > 8 else ''}" for k, v in bad.items() if v))
+    return model
+
+
 class OpenVLA(TokenPolicy):
     def __init__(self, pcfg, spec):
         super().__init__()
@@ -54,8 +65,8 @@ class OpenVLA(TokenPolicy):
         d = pcfg.d_model
         if pcfg.pretrained:
             root = Path(pcfg.pretrained)
-            self.vision = SiglipVisionModel.from_pretrained(require_checkpoint(root / "vision", "SigLIP vision"), local_files_only=True)
-            self.lm = lm_cls.from_pretrained(require_checkpoint(root / "lm", pcfg.lm), local_files_only=True)
+            self.vision = load_strict(SiglipVisionModel, root / "vision", "SigLIP vision")
+            self.lm = load_strict(lm_cls, root / "lm", pcfg.lm)
         else:
             self.vision = SiglipVisionModel(SiglipVisionConfig(
                 hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .base import Policy
-from .openvla import require_checkpoint
+from .openvla import load_strict
 
 LOG_STD_RANGE = (math.log(0.01), 0.0)
 
@@ -68,8 +68,7 @@ class Pi0Flow(Policy):
         torch.manual_seed(pcfg.init_seed)
         self.chunk, self.action_dim, self.steps = spec.chunk, spec.action_dim, pcfg.denoise_steps
         if pcfg.pretrained:
-            path = require_checkpoint(Path(pcfg.pretrained), "PI0")
-            self.model = PI0ForConditionalGeneration.from_pretrained(path, local_files_only=True)
+            self.model = load_strict(PI0ForConditionalGeneration, Path(pcfg.pretrained), "PI0")
         else:
             self.model = PI0ForConditionalGeneration(tiny_pi0_config(pcfg, spec))
         c = self.model.config
