@@ -105,110 +105,75 @@ def make_tower(kind: str, sizes: dict, heads: int, registers: int = 0) -> nn.Mod
     return SiglipVisionModel(SiglipVisionConfig(**common, intermediate_size=sizes["mlp"]))
 
 
-def _block_pairs(kind: str) -> list[tuple[str, str]]:
-    """(timm, transformers) names inside block i, for the tensors that only move."""
-    if kind == "dinov2":
-        return [("norm1", "norm1"), ("norm2", "norm2"), ("attn.proj", "attention.o_proj"), ("mlp.fc1", "mlp.fc1"),
-                ("mlp.fc2", "mlp.fc2")]
-    return [("norm1", "layer_norm1"), ("norm2", "layer_norm2"), ("attn.proj", "self_attn.out_proj"),
-            ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
-
-
-def _mover(src_dict: dict, out: dict):
-    def move(src: str, dst: str) -> None:
-        for suffix in (".weight", ".bias"):
-            if src + suffix in src_dict:
-                out[dst + suffix] = src_dict.pop(src + suffix)
-    return move
-
-
 def _names(kind: str) -> tuple[str, str]:
     return ("encoder.layer", "attention") if kind == "dinov2" else ("encoder.layers", "self_attn")
 
 
-SIGLIP_HEAD = (("attn_pool.proj", "head.attention.out_proj"), ("attn_pool.norm", "head.layernorm"),
-               ("attn_pool.mlp.fc1", "head.mlp.fc1"), ("attn_pool.mlp.fc2", "head.mlp.fc2"))
+def renamed(kind: str, depth: int) -> list[tuple[str, str]]:
+    """(timm, transformers) names of the tower's tensors that move unchanged; the rest (fused qkv,
+    positions, DINOv2's cls and mask tokens, SigLIP's pooling probe and in_proj) are converted
+    by `tower_from_timm` / `tower_to_timm` themselves."""
+    layer, attn = _names(kind)
+    dinov2 = kind == "dinov2"
+    inside = [("norm1", "norm1" if dinov2 else "layer_norm1"), ("norm2", "norm2" if dinov2 else "layer_norm2"),
+              ("attn.proj", f"{attn}.{'o_proj' if dinov2 else 'out_proj'}"), ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")]
+    modules = [(f"blocks.{i}.{a}", f"{layer}.{i}.{b}") for i in range(depth) for a, b in inside]
+    if dinov2:
+        modules += [("patch_embed.proj", "embeddings.patch_embeddings.projection"), ("norm", "layernorm")]
+    else:   # SigLIP's pooling head: published, never used by OpenVLA
+        modules += [("patch_embed.proj", "embeddings.patch_embedding"), ("norm", "post_layernorm"),
+                    ("attn_pool.proj", "head.attention.out_proj"), ("attn_pool.norm", "head.layernorm"),
+                    ("attn_pool.mlp.fc1", "head.mlp.fc1"), ("attn_pool.mlp.fc2", "head.mlp.fc2")]
+    pairs = [(f"{a}.{s}", f"{b}.{s}") for a, b in modules for s in ("weight", "bias")]
+    if dinov2:
+        pairs += [(f"blocks.{i}.ls{n}.scale_factor", f"{layer}.{i}.layer_scale{n}.lambda1") for i in range(depth) for n in (1, 2)]
+        pairs.append(("reg_token", "embeddings.register_tokens"))
+    return pairs
 
 
 def tower_from_timm(kind: str, t: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
     """A timm tower's tensors (prefix stripped) under transformers' names; `t` is consumed."""
-    out: dict[str, torch.Tensor] = {}
-    move = _mover(t, out)
+    out = {dst: t.pop(src) for src, dst in renamed(kind, depth)}
     layer, attn = _names(kind)
     for i in range(depth):
-        for src, dst in _block_pairs(kind):
-            move(f"blocks.{i}.{src}", f"{layer}.{i}.{dst}")
         for suffix in ("weight", "bias"):   # timm fuses q, k, v row-wise
             q, k, v = t.pop(f"blocks.{i}.attn.qkv.{suffix}").chunk(3, 0)
             out.update({f"{layer}.{i}.{attn}.{n}_proj.{suffix}": x for n, x in zip("qkv", (q, k, v))})
-        if kind == "dinov2":
-            for n in (1, 2):
-                out[f"{layer}.{i}.layer_scale{n}.lambda1"] = t.pop(f"blocks.{i}.ls{n}.scale_factor")
-    (_dinov2_embeddings_from_timm if kind == "dinov2" else _siglip_rest_from_timm)(t, out, move)
+    if kind == "dinov2":
+        out["embeddings.cls_token"] = t.pop("cls_token")
+        pos = t.pop("pos_embed")   # patches only: the cls position is already in cls_token
+        out["embeddings.position_embeddings"] = torch.cat([torch.zeros_like(pos[:, :1]), pos], 1)
+        out["embeddings.mask_token"] = torch.zeros(1, pos.shape[-1], dtype=pos.dtype, device=pos.device)   # unused
+    else:
+        out["embeddings.position_embedding.weight"] = t.pop("pos_embed")[0]
+        out["head.probe"] = t.pop("attn_pool.latent")
+        for s in ("weight", "bias"):
+            out[f"head.attention.in_proj_{s}"] = torch.cat([t.pop(f"attn_pool.q.{s}"), t.pop(f"attn_pool.kv.{s}")], 0)
     return out
-
-
-def _dinov2_embeddings_from_timm(t: dict, out: dict, move) -> None:
-    out["embeddings.cls_token"] = t.pop("cls_token")
-    out["embeddings.register_tokens"] = t.pop("reg_token")
-    pos = t.pop("pos_embed")   # patches only: the cls position is already in cls_token
-    out["embeddings.position_embeddings"] = torch.cat([torch.zeros_like(pos[:, :1]), pos], 1)
-    out["embeddings.mask_token"] = torch.zeros(1, pos.shape[-1], dtype=pos.dtype, device=pos.device)   # unused
-    move("patch_embed.proj", "embeddings.patch_embeddings.projection")
-    move("norm", "layernorm")
-
-
-def _siglip_rest_from_timm(t: dict, out: dict, move) -> None:
-    out["embeddings.position_embedding.weight"] = t.pop("pos_embed")[0]
-    move("patch_embed.proj", "embeddings.patch_embedding")
-    move("norm", "post_layernorm")
-    out["head.probe"] = t.pop("attn_pool.latent")   # SigLIP's pooling head: published, never used by OpenVLA
-    for s in ("weight", "bias"):
-        out[f"head.attention.in_proj_{s}"] = torch.cat([t.pop(f"attn_pool.q.{s}"), t.pop(f"attn_pool.kv.{s}")], 0)
-    for src, dst in SIGLIP_HEAD:
-        move(src, dst)
 
 
 def tower_to_timm(kind: str, sd: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
     """The inverse of `tower_from_timm`: transformers' names back to the published timm ones."""
     sd = dict(sd)
-    out: dict[str, torch.Tensor] = {}
-    move = _mover(sd, out)
+    out = {src: sd.pop(dst) for src, dst in renamed(kind, depth)}
     layer, attn = _names(kind)
     for i in range(depth):
-        for src, dst in _block_pairs(kind):
-            move(f"{layer}.{i}.{dst}", f"blocks.{i}.{src}")
         for suffix in ("weight", "bias"):
             out[f"blocks.{i}.attn.qkv.{suffix}"] = torch.cat([sd.pop(f"{layer}.{i}.{attn}.{n}_proj.{suffix}") for n in "qkv"], 0)
-        if kind == "dinov2":
-            for n in (1, 2):
-                out[f"blocks.{i}.ls{n}.scale_factor"] = sd.pop(f"{layer}.{i}.layer_scale{n}.lambda1")
-    (_dinov2_embeddings_to_timm if kind == "dinov2" else _siglip_rest_to_timm)(sd, out, move)
+    if kind == "dinov2":
+        out["cls_token"] = sd.pop("embeddings.cls_token") + sd["embeddings.position_embeddings"][:, :1]
+        out["pos_embed"] = sd.pop("embeddings.position_embeddings")[:, 1:]
+        sd.pop("embeddings.mask_token")
+    else:
+        out["pos_embed"] = sd.pop("embeddings.position_embedding.weight")[None]
+        out["attn_pool.latent"] = sd.pop("head.probe")
+        d = out["attn_pool.latent"].shape[-1]
+        for s in ("weight", "bias"):
+            w = sd.pop(f"head.attention.in_proj_{s}")
+            out[f"attn_pool.q.{s}"], out[f"attn_pool.kv.{s}"] = w[:d], w[d:]
     if sd:
         raise LayoutError(f"no published name for {sorted(sd)[:8]}")
     return out
-
-
-def _dinov2_embeddings_to_timm(sd: dict, out: dict, move) -> None:
-    out["cls_token"] = sd.pop("embeddings.cls_token") + sd["embeddings.position_embeddings"][:, :1]
-    out["reg_token"] = sd.pop("embeddings.register_tokens")
-    out["pos_embed"] = sd.pop("embeddings.position_embeddings")[:, 1:]
-    sd.pop("embeddings.mask_token")
-    move("embeddings.patch_embeddings.projection", "patch_embed.proj")
-    move("layernorm", "norm")
-
-
-def _siglip_rest_to_timm(sd: dict, out: dict, move) -> None:
-    out["pos_embed"] = sd.pop("embeddings.position_embedding.weight")[None]
-    move("embeddings.patch_embedding", "patch_embed.proj")
-    move("post_layernorm", "norm")
-    out["attn_pool.latent"] = sd.pop("head.probe")
-    d = out["attn_pool.latent"].shape[-1]
-    for s in ("weight", "bias"):
-        w = sd.pop(f"head.attention.in_proj_{s}")
-        out[f"attn_pool.q.{s}"], out[f"attn_pool.kv.{s}"] = w[:d], w[d:]
-    for dst, src in SIGLIP_HEAD:
-        move(src, dst)
 
 
 # ------------------------------------------------------------------ the model
