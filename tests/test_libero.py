@@ -12,6 +12,7 @@ import pytest
 from rlvla3.cluster.compose import compose, prepare_run_dir
 from rlvla3.config import ConfigError
 from rlvla3.envs import SOURCE_ROOT
+from rlvla3.envs.hosting import foreign_env
 from rlvla3.envs.wire import config_tree
 from tests.conftest import needs_mpi
 
@@ -31,7 +32,7 @@ def in_libero(cfg, body: str, timeout: float = 300) -> dict:
         env = LiberoEnv(namespace(json.loads(sys.argv[1])).env)
     """) + textwrap.dedent(body)
     p = subprocess.run([str(VENV_PYTHON), "-c", code, json.dumps(config_tree(cfg))], capture_output=True, text=True,
-                       timeout=timeout, env={"PYTHONPATH": str(SOURCE_ROOT), "PATH": "/usr/bin:/bin"})
+                       timeout=timeout, env=foreign_env())
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
