@@ -109,9 +109,9 @@ class EnvConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     name: str = "tiny"
-    """Policy family (rlvla3/policies): tiny (plain torch) | openvla (SigLIP + Qwen2/Llama,
-    discrete action tokens) | pi0 (transformers' PI0: flow-matching action expert) | emulated
-    (sleeps for the costs below; no torch)."""
+    """Policy family (rlvla3/policies): tiny (plain torch) | openvla (discrete action tokens from
+    an LM: SigLIP + Qwen2/Llama at random init, or a released OpenVLA folder) | pi0 (transformers'
+    PI0: flow-matching action expert) | emulated (sleeps for the costs below; no torch)."""
     chunk: int = 1
     """Actions per forward (action chunking, OpenVLA-OFT/π0 style). The Simulator executes the K
     actions of a chunk, one env step each, and records one row per chunk: its reward is the sum
@@ -137,8 +137,12 @@ class PolicyConfig:
     """A checkpoint (.pt: a run's ckpt/v*.pt or python -m rlvla3.sft's output) whose model weights
     the run starts from, e.g. an SFT warm start; empty: random init (or policy.pretrained)."""
     pretrained: str = ""
-    """openvla/pi0: a local directory with a transformers checkpoint (config.json + weights) to
-    start from instead of random weights; nothing is downloaded."""
+    """A local checkpoint folder to start from instead of random weights; nothing is downloaded.
+    openvla: a released OpenVLA folder (openvla/openvla-7b or a fine-tune: its tokenizer, prompt,
+    image transform and action statistics come with it); pi0: a transformers/LeRobot PI0 folder."""
+    unnorm_key: str = ""
+    """openvla with pretrained: the dataset in the folder's norm_stats whose action statistics
+    un-normalise the actions (e.g. libero_spatial_no_noops); empty: the folder's only one."""
     d_model: int = 128
     """Transformer width."""
     layers: int = 2

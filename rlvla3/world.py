@@ -17,6 +17,7 @@ from pathlib import Path
 from .config import ConfigError, RunConfig
 from .envs import env_dims, in_process, interpreter
 from .policies import SampleLayout, sample_layout
+from .policies.prompts import is_released_openvla as released_openvla
 
 ROLES = ("simulator", "generator", "trainer")
 
@@ -207,6 +208,18 @@ def _require_path(path: str, name: str, what: str, want_dir: bool) -> None:
              (f" ({p} is a {'folder' if p.is_dir() else 'file'})" if p.exists() else ""))
 
 
+def _validate_released_openvla(cfg: RunConfig) -> None:
+    from .policies import openvla_folder
+
+    p = cfg.policy
+    _require(p.lm_backend == "transformers", "policy.lm_backend", p.lm_backend,
+             "a released OpenVLA folder trains with lm_backend=transformers")
+    try:
+        openvla_folder.check(p, env_dims(cfg).action_dim)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
 def _validate_libero(e) -> None:
     from .envs.libero_env import CAMERAS, SUITES
 
@@ -258,9 +271,10 @@ def validate(cfg: RunConfig) -> None:
     _require(e.arm_controller == "OSC_POSE" or e.name == "robosuite", "env.arm_controller", e.arm_controller,
              f"only env.name=robosuite can change its arm controller (env.name={e.name!r})")
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
-    _require(p.patch >= 1, "policy.patch", p.patch, "must be >= 1 (pixels per image patch)")
-    _require(e.image_size >= p.patch, "env.image_size", e.image_size, f"must be >= policy.patch={p.patch}")
-    _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
+    if not released_openvla(p):   # a released checkpoint resizes the frames to its own towers' input
+        _require(p.patch >= 1, "policy.patch", p.patch, "must be >= 1 (pixels per image patch)")
+        _require(e.image_size >= p.patch, "env.image_size", e.image_size, f"must be >= policy.patch={p.patch}")
+        _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
     _require(e.max_failed_starts >= 0, "env.max_failed_starts", e.max_failed_starts, "must be >= 0")
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
     _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
@@ -295,6 +309,8 @@ def validate(cfg: RunConfig) -> None:
                   want_dir=False)
     _require(not e.python or os.access(interpreter(cfg), os.X_OK), "env.python", e.python, "is not executable")
     _require_path(p.pretrained, "policy.pretrained", "a local checkpoint folder (config.json + weights)", want_dir=True)
+    if released_openvla(p):
+        _validate_released_openvla(cfg)
     _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")
     _require(p.torch_threads >= 1, "policy.torch_threads", p.torch_threads, "must be >= 1")

@@ -16,6 +16,7 @@ from rlvla3.config import ConfigError
 from rlvla3.envs.base import Obs, StepOut
 from rlvla3.envs.hosting import ProcessVecEnv, check_interpreter
 from rlvla3.envs.wire import decode, encode, namespace
+from rlvla3.policies.prompts import instruction_encoder
 
 
 def test_wire_round_trips_the_env_messages_without_pickle():
@@ -56,7 +57,7 @@ def test_an_env_runs_under_another_interpreter_and_is_restarted_there(tmp_path):
     python = make_venv(tmp_path / "venv", system_site=True)
     cfg = compose(["+experiment=toy", f"env.python={python}"])
     check_interpreter(cfg)
-    g = ProcessVecEnv(cfg, [0, 1], 0, True)
+    g = ProcessVecEnv(cfg, [0, 1], 0, True, instruction_encoder(cfg.policy))
     try:
         first = wait_ready((g.start_reset(7), g)[1])
         assert first.images.shape[:2] == (2, 1) and first.images.dtype == np.uint8

@@ -7,9 +7,14 @@ import numpy as np
 import pytest
 
 from rlvla3.cluster.compose import compose
-from rlvla3.envs import tokenize
 from rlvla3.envs.hosting import make_vec_env
+from rlvla3.policies.prompts import hashed_words, instruction_encoder
 from rlvla3.world import spec
+
+
+def words(cfg):
+    """The policy's instruction encoder, as the Simulator builds it."""
+    return instruction_encoder(cfg.policy)
 
 
 def drive(vec, actions, timeout=60.0):
@@ -33,19 +38,19 @@ def reset(vec, timeout=120.0, seed=None):
 def test_toy_group_shapes_seeds_and_instruction():
     cfg = compose(["+experiment=toy"])
     sp = spec(cfg)
-    a, b = make_vec_env(cfg, [0, 1, 2], seed=5, auto_reset=True), make_vec_env(cfg, [0, 1, 2], seed=5, auto_reset=True)
+    a, b = (make_vec_env(cfg, [0, 1, 2], seed=5, auto_reset=True, encode=words(cfg)) for _ in range(2))
     oa, ob = reset(a), reset(b)
     assert oa.images.shape == (3, 1, sp.image_size, sp.image_size, 3) and oa.images.dtype == np.uint8
     assert oa.proprio.shape == (3, sp.proprio_dim) and oa.tokens.shape == (3, sp.instruction_len)
     np.testing.assert_array_equal(oa.images, ob.images)           # per-env seeds: reproducible
     assert not (oa.images[0] == oa.images[1]).all()               # and different across envs
     names = [e.env.goal for e in a.eps]
-    np.testing.assert_array_equal(oa.tokens[0], tokenize(f"go to the {names[0]} square", sp.instruction_len, sp.vocab))
+    np.testing.assert_array_equal(oa.tokens[0], hashed_words(f"go to the {names[0]} square", sp.instruction_len, sp.vocab))
 
 
 def test_toy_episode_truncates_at_horizon_and_autoresets():
     cfg = compose(["+experiment=toy", "env.horizon=3"])
-    g = make_vec_env(cfg, [0], seed=0, auto_reset=True)
+    g = make_vec_env(cfg, [0], seed=0, auto_reset=True, encode=words(cfg))
     reset(g)
     flags = [drive(g, np.zeros((1, 2), np.float32)) for _ in range(3)]   # standing still never succeeds
     assert [bool(f.truncated[0]) for f in flags] == [False, False, True]
@@ -54,7 +59,7 @@ def test_toy_episode_truncates_at_horizon_and_autoresets():
 
 def test_env_exception_truncates_and_is_counted():
     cfg = compose(["+experiment=toy"])
-    g = make_vec_env(cfg, [0, 1], seed=0, auto_reset=True)
+    g = make_vec_env(cfg, [0, 1], seed=0, auto_reset=True, encode=words(cfg))
     reset(g)
 
     def boom(action):
@@ -66,7 +71,7 @@ def test_env_exception_truncates_and_is_counted():
 
 def test_emulated_latency_is_waited_without_cpu():
     cfg = compose(["env=emulated", "env.step_ms=50", "env.step_sigma=0.0", "env.num_envs=4"])
-    g = make_vec_env(cfg, [0, 1, 2, 3], seed=0, auto_reset=True)
+    g = make_vec_env(cfg, [0, 1, 2, 3], seed=0, auto_reset=True, encode=words(cfg))
     reset(g)
     c0, t0 = time.process_time(), time.monotonic()
     drive(g, np.zeros((4, 7), np.float32))
@@ -78,7 +83,8 @@ def seeded_first_frames(overrides: list[str], action_dim: int) -> np.ndarray:
     """Reset two env processes with one seed, step, reset again, and reset with another seed;
     checks that a reset is a function of its seed alone (in any process: grpo groups share one
     initial state) and returns the first frame [H, W, 3]."""
-    g = make_vec_env(compose(["env.num_envs=2", *overrides]), [0, 1], seed=0, auto_reset=True)
+    cfg = compose(["env.num_envs=2", *overrides])
+    g = make_vec_env(cfg, [0, 1], seed=0, auto_reset=True, encode=words(cfg))
     try:
         a = reset(g, seed=7)
         drive(g, np.random.default_rng(0).uniform(-1, 1, (2, action_dim)).astype(np.float32))
@@ -115,7 +121,7 @@ def test_metaworld_resets_are_seeded():
 def test_robosuite_lift_child_process_steps_and_restarts_after_kill():
     pytest.importorskip("robosuite", reason="robosuite not installed (pip install --no-deps robosuite==1.5.2)")
     cfg = compose(["env.num_envs=1", "env.step_timeout=30"])
-    g = make_vec_env(cfg, [0], seed=0, auto_reset=True)
+    g = make_vec_env(cfg, [0], seed=0, auto_reset=True, encode=words(cfg))
     try:
         first = reset(g)
         assert first.images.shape == (1, 1, 64, 64, 3) and first.images.std() > 5   # a real rendered frame
@@ -224,7 +230,8 @@ def test_env_children_survive_slurms_preemption_signal_and_a_dead_child_is_resta
     an action is restarted when the group next sends, instead of raising BrokenPipeError."""
     from rlvla3.envs.hosting import ProcessVecEnv
 
-    g = ProcessVecEnv(compose(["+experiment=toy"]), [0], 0, True)
+    cfg = compose(["+experiment=toy"])
+    g = ProcessVecEnv(cfg, [0], 0, True, words(cfg))
     try:
         reset(g)
         pid = g.procs[0].pid
@@ -249,7 +256,7 @@ def test_an_env_that_cannot_start_fails_after_bounded_restarts():
     from rlvla3.envs.hosting import EnvStartError, ProcessVecEnv
 
     cfg = compose(["env=robosuite_lift", "env.task=NoSuchTask", "env.max_failed_starts=1"])
-    g = ProcessVecEnv(cfg, [0], 0, True)
+    g = ProcessVecEnv(cfg, [0], 0, True, words(cfg))
     t0 = time.monotonic()
     try:
         g.start_reset()
@@ -269,8 +276,8 @@ def test_a_child_lost_during_a_group_reset_restarts_from_that_resets_seed():
     from rlvla3.envs.hosting import LocalVecEnv, ProcessVecEnv
 
     cfg = compose(["+experiment=toy"])
-    want = reset(LocalVecEnv(cfg, [0], 0, False), seed=123)
-    g = ProcessVecEnv(cfg, [0], 0, False)
+    want = reset(LocalVecEnv(cfg, [0], 0, False, words(cfg)), seed=123)
+    g = ProcessVecEnv(cfg, [0], 0, False, words(cfg))
     try:
         g.start_reset(123)
         os.kill(g.procs[0].pid, signal.SIGKILL)       # still starting up: the reset is lost with it

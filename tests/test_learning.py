@@ -1,6 +1,6 @@
 """The toy env is learned, end to end: PPO in both modes (success clearly above a uniform-random
 policy within 32 versions x 256 = 8,192 env steps), and GRPO (sparse success outcome, no critic)
-on the toy without a distractor (language not needed) within 32 versions x 384 rows."""
+on the toy without a distractor (language not needed) within 24 versions x 384 rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +13,7 @@ from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
 pytestmark = [needs_mpi, pytest.mark.slow]
 
 VERSIONS = 32
+GRPO_VERSIONS = 24   # two runs here: success over versions 17-24 was 0.60 and 0.67 against chance 0.22
 MARGIN = 0.2  # absolute success-rate points above chance
 
 
@@ -50,11 +51,12 @@ def test_toy_is_learned(tmp_path, mode):
 def test_toy_is_learned_by_grpo(tmp_path):
     """With one distractor (the instruction decides the goal) GRPO's sparse outcome did not lift
     success within 60 versions here; without it, it learns clearly (see the issue notes)."""
-    overrides = [*TOY[1:], "+experiment=toy_grpo", "mode=async", f"algo.max_versions={VERSIONS}"]
+    overrides = [*TOY[1:], "+experiment=toy_grpo", "mode=async", f"algo.max_versions={GRPO_VERSIONS}"]
     chance = random_policy_success(compose(overrides))
     proc, run = run_engine(tmp_path, overrides, timeout=600)
     assert_ok(proc)
     hist = summary(run)["history"]
+    assert len(hist) == GRPO_VERSIONS
     first, last = success_over(hist[:5]), success_over(hist[-8:])
     steps = sum(h["env_steps"] for h in hist)
     print(f"grpo: chance {chance:.2f}, first 5 versions {first:.2f}, last 8 versions {last:.2f}, {steps} env steps")

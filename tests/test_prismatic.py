@@ -10,26 +10,15 @@ import pytest
 import torch
 
 from rlvla3.policies import prismatic as pz
+from rlvla3.policies.prompts import openvla_prompt
 
-# The published towers' kinds and head counts (16), tiny widths and depths, 28x28 images (4 patches).
-TINY_TOWERS = [("dinov2", {"hidden": 32, "depth": 3, "mlp": 128, "patch": 14, "image": 28},
-                pz.TOWERS["vit_large_patch14_reg4_dinov2.lvd142m"]),
-               ("siglip", {"hidden": 48, "depth": 3, "mlp": 80, "patch": 14, "image": 28},
-                pz.TOWERS["vit_so400m_patch14_siglip_224"])]
-# A tiny Llama keeps the real vocabulary: action tokens are ids 31744..31999, <PAD> is 32000.
-TINY_LLAMA = {"vocab_size": 32064, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 4, "pad_token_id": 32000}
 STATS = {"libero_spatial_no_noops": {"action": {"q01": [-0.5] * 6 + [-1.0], "q99": [0.7] * 6 + [1.0],
                                                 "mask": [True] * 6 + [False]}}}
 
 
 def tiny_folder(tmp_path):
-    torch.manual_seed(0)
-    model = pz.Prismatic(TINY_TOWERS, TINY_LLAMA)
-    for p in model.parameters():   # non-trivial values everywhere (layer scales, tokens, norms)
-        p.data.normal_(0, 0.2)
-    pz.save_folder(model, tmp_path / "openvla", pz.openvla_config(dict(TINY_LLAMA, model_type="llama"), STATS))
-    return model, tmp_path / "openvla"
+    folder = tmp_path / "openvla"
+    return pz.write_tiny_folder(folder, STATS), folder
 
 
 def test_a_tiny_checkpoint_in_the_released_layout_loads_back_exactly(tmp_path):
@@ -123,7 +112,7 @@ def test_images_get_each_towers_own_size_and_normalisation_from_the_folder(tmp_p
     assert torch.allclose(x[0, 3:], torch.ones(3, 28, 28))
     with torch.no_grad():
         assert model.patch_features(x).shape == (2, 4, 32)
-    assert pz.prompt("Put the Bowl on the plate ") == "In: What action should the robot take to put the bowl on the plate?\nOut:"
+    assert openvla_prompt("Put the Bowl on the plate ") == "In: What action should the robot take to put the bowl on the plate?\nOut:"
     (folder / "preprocessor_config.json").unlink()
     with pytest.raises(FileNotFoundError, match="preprocessor_config.json"):
         pz.read_preprocessor(folder)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..config import RunConfig
 from ..envs.hosting import GroupStep, make_vec_env
+from ..policies.prompts import instruction_encoder
 from ..world import Group, World, group_seed, spec
 from . import checkpoints, shards
 from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec, request_id
@@ -100,7 +101,7 @@ class GroupLoop:
         cfg, sp = sim.cfg, sim.spec
         self.gen_rank = sim.world.gen_rank_of(g)
         self.env = make_vec_env(cfg, list(range(g.env_offset, g.env_offset + g.size)), cfg.seed,
-                                auto_reset=not sim.world.episodic)
+                                auto_reset=not sim.world.episodic, encode=sim.encode)
         self.T = cfg.algo.segment_steps
         self.seg = SegmentBuffer.allocate(self.T, g.size, sp)
         self.obs_buf = sim.obs_codec.alloc(g.size)
@@ -257,6 +258,7 @@ class Simulator:
         self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
         self.rank = transport.rank
         self.spec = spec(cfg)
+        self.encode = instruction_encoder(cfg.policy)   # one tokenizer per rank, shared by its groups
         self.obs_codec, self.act_codec = obs_codec(self.spec), action_codec(self.spec)
         self.shards_dir = run_dir / "shards"
         self.shards_dir.mkdir(parents=True, exist_ok=True)

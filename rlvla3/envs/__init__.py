@@ -1,15 +1,12 @@
 """Env adapters behind one small interface, and the observation and action sizes of each.
 
-This package imports numpy only: Simulator ranks never import torch. Heavy simulators
+This package imports no third-party module at its top: Simulator ranks never import torch. Heavy simulators
 (robosuite) are imported lazily inside the child process that hosts the env.
 """
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -44,16 +41,6 @@ def env_dims(cfg) -> EnvDims:
     else:
         raise ValueError(f"env.name={e.name!r} is unknown")
     return EnvDims(cams, prop, act)
-
-
-def tokenize(text: str, length: int, vocab: int) -> np.ndarray:
-    """Instruction -> int32[length]: lower-cased words hashed (crc32, stable across processes)
-    into ids 2..vocab-1; 1 = end of text, 0 = padding."""
-    ids = [2 + zlib.crc32(w.encode()) % (vocab - 2) for w in text.lower().split()][: length - 1]
-    out = np.zeros(length, np.int32)
-    out[: len(ids)] = ids
-    out[len(ids)] = 1
-    return out
 
 
 def make_env(cfg, env_id: int):

@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from . import SIM_MODULES, SOURCE_ROOT, env_dims, in_process, interpreter, make_env, tokenize
+from . import SIM_MODULES, SOURCE_ROOT, env_dims, in_process, interpreter, make_env
 from .base import Obs, StepOut
 from .wire import WireConnection, config_tree
 
@@ -128,14 +128,15 @@ class GroupStep:
 
 
 class _GroupBase:
-    def __init__(self, cfg, env_ids: list[int], seed: int, auto_reset: bool):
+    def __init__(self, cfg, env_ids: list[int], seed: int, auto_reset: bool, encode):
         self.cfg, self.env_ids, self.seed, self.auto_reset = cfg, list(env_ids), seed, auto_reset
         self.action_dim = env_dims(cfg).action_dim
+        self.encode = encode
         self._tok: dict[str, np.ndarray] = {}
 
     def tokens(self, text: str) -> np.ndarray:
         if text not in self._tok:
-            self._tok[text] = tokenize(text, self.cfg.policy.instruction_len, self.cfg.policy.vocab)
+            self._tok[text] = self.encode(text)
         return self._tok[text]
 
     def gather(self, outs: list[StepOut]) -> GroupStep:
@@ -165,8 +166,8 @@ class LocalVecEnv(_GroupBase):
     """Envs stepped inside the Simulator rank (cheap envs). Emulated latency is honoured
     without sleeping: the result becomes ready when its delay has passed."""
 
-    def __init__(self, cfg, env_ids, seed, auto_reset):
-        super().__init__(cfg, env_ids, seed, auto_reset)
+    def __init__(self, cfg, env_ids, seed, auto_reset, encode):
+        super().__init__(cfg, env_ids, seed, auto_reset, encode)
         self.eps = [Episode(cfg, i, seed, auto_reset) for i in self.env_ids]
         self._out: list[StepOut] | None = None
         self._ready_at = 0.0
@@ -234,8 +235,8 @@ def _worker(conn, cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -
 class ProcessVecEnv(_GroupBase):
     """One spawned child process per env; a hung or dead child is killed and restarted."""
 
-    def __init__(self, cfg, env_ids, seed, auto_reset):
-        super().__init__(cfg, env_ids, seed, auto_reset)
+    def __init__(self, cfg, env_ids, seed, auto_reset, encode):
+        super().__init__(cfg, env_ids, seed, auto_reset, encode)
         self.ctx = mp.get_context("spawn")
         self.procs: list = [None] * len(self.env_ids)
         self.conns: list = [None] * len(self.env_ids)
@@ -414,9 +415,10 @@ def check_interpreter(cfg, timeout: float = 300.0) -> None:
         raise ValueError(f"env.python={cfg.env.python!r} cannot host env.name={cfg.env.name!r}: `{code}` failed: {last}")
 
 
-def make_vec_env(cfg, env_ids: list[int], seed: int, *, auto_reset: bool):
+def make_vec_env(cfg, env_ids: list[int], seed: int, *, auto_reset: bool, encode):
     """A group of envs: in-process (`envs.in_process`), else one spawned child process per env (a
     GL context per process, killable on a hang). `auto_reset`: an env whose episode ended resets
-    at once; off (episodic runs), it waits for the group's next `start_reset`."""
+    at once; off (episodic runs), it waits for the group's next `start_reset`. `encode`: the
+    policy's instruction -> tokens (policies.prompts.instruction_encoder; envs know no policy)."""
     cls = LocalVecEnv if in_process(cfg) else ProcessVecEnv
-    return cls(cfg, env_ids, seed, auto_reset)
+    return cls(cfg, env_ids, seed, auto_reset, encode)

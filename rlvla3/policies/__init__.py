@@ -20,6 +20,9 @@ def make_policy(cfg, spec):
     if name == "tiny":
         from .tiny import TinyVLA
         return TinyVLA(cfg.policy, spec)
+    if name == "openvla" and cfg.policy.pretrained:
+        from .openvla_released import ReleasedOpenVLA
+        return ReleasedOpenVLA(cfg.policy, spec)
     if name == "openvla":
         from .openvla import OpenVLA
         return OpenVLA(cfg.policy, spec)

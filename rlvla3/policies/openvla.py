@@ -16,11 +16,10 @@ log pi(a|s) is the sum over the K*D action-token log-probs, restricted to those 
   sees the prefix and earlier empties, which carry no information, so it is the same model.)
 The value head reads the LM's last hidden state at the proprio token (the end of the prefix).
 
-Random-initialised from `policy` sizes (tests, benchmarks), or loaded from `policy.pretrained`: a
-local directory with `vision/` (a SigLIP checkpoint) and `lm/` (a Qwen2/Llama checkpoint) in
-transformers' format; nothing is downloaded. Instruction ids are the project's hashed words
-(envs.tokenize), so a pretrained LM sees ids that are not its tokenizer's: fine for RL from
-scratch and for the tests, not what a user fine-tuning a real checkpoint wants.
+This class is the family random-initialised from `policy` sizes (RL from scratch, tests,
+benchmarks; instruction ids are the project's hashed words). `policy.pretrained` loads a released
+OpenVLA folder instead (`openvla_released.ReleasedOpenVLA`: the same decoding over the published
+Prismatic model, its tokenizer, action ids and un-normalisation).
 """
 from __future__ import annotations
 
@@ -52,6 +51,12 @@ def load_strict(cls, path: Path, what: str):
     return model
 
 
+def end_of_prefix(mask: torch.Tensor) -> torch.Tensor:
+    """The index of each row's last attended prefix position [n] (where the first action token
+    is predicted and V(s) is read): padding may sit inside or at the end of the prefix."""
+    return (mask * torch.arange(1, mask.shape[1] + 1, device=mask.device)).argmax(1)
+
+
 class OpenVLA(TokenPolicy):
     def __init__(self, pcfg, spec):
         super().__init__()
@@ -63,33 +68,28 @@ class OpenVLA(TokenPolicy):
         self.autoregressive = pcfg.decoding == "autoregressive"
         lm_cls, lm_cfg_cls = (Qwen2ForCausalLM, Qwen2Config) if pcfg.lm == "qwen2" else (LlamaForCausalLM, LlamaConfig)
         d = pcfg.d_model
-        if pcfg.pretrained:
-            root = Path(pcfg.pretrained)
-            self.vision = load_strict(SiglipVisionModel, root / "vision", "SigLIP vision")
-            self.lm = load_strict(lm_cls, root / "lm", pcfg.lm)
-        else:
-            self.vision = SiglipVisionModel(SiglipVisionConfig(
-                hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,
-                image_size=spec.image_size, patch_size=pcfg.patch))
-            self.lm = lm_cls(lm_cfg_cls(
-                hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,
-                num_key_value_heads=pcfg.heads, vocab_size=-(-(pcfg.vocab + pcfg.action_bins) // 128) * 128,
-                max_position_embeddings=1024, tie_word_embeddings=False))
+        self.vision = SiglipVisionModel(SiglipVisionConfig(
+            hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,
+            image_size=spec.image_size, patch_size=pcfg.patch))
+        self.lm = lm_cls(lm_cfg_cls(
+            hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=pcfg.heads,
+            num_key_value_heads=pcfg.heads, vocab_size=-(-(pcfg.vocab + pcfg.action_bins) // 128) * 128,
+            max_position_embeddings=1024, tie_word_embeddings=False))
         dv, dl = self.vision.config.hidden_size, self.lm.config.hidden_size
-        self.vocab_size = self.lm.config.vocab_size
-        if self.vocab_size < pcfg.vocab + pcfg.action_bins:
-            raise ValueError(f"the LM's vocabulary ({self.vocab_size}) is smaller than policy.vocab + policy.action_bins = "
-                             f"{pcfg.vocab + pcfg.action_bins}")
         self.projector = nn.Sequential(nn.Linear(dv, dl), nn.GELU(), nn.Linear(dl, dl))
         self.proprio_proj = nn.Sequential(nn.Linear(spec.proprio_dim, dl), nn.GELU(), nn.Linear(dl, dl))
-        self.value_head = nn.Linear(dl, 1)
+        self.first_action_id = self.lm.config.vocab_size - self.action_bins   # the last `action_bins` ids
+        self.add_heads(dl, torch.arange(self.first_action_id, self.lm.config.vocab_size))
+
+    def add_heads(self, width: int, action_ids: torch.Tensor) -> None:
+        """What RL adds to an LM-based VLA: the value head, the action ids (bin b is LM token
+        action_ids[b]) and, for parallel decoding, the action queries."""
+        self.value_head = nn.Linear(width, 1)
+        self.register_buffer("action_ids", action_ids, persistent=False)
         if not self.autoregressive:
-            self.action_queries = nn.Parameter(torch.randn(1, self.n_act, dl) * 0.02)
+            self.action_queries = nn.Parameter(torch.randn(1, self.n_act, width) * 0.02)
 
     # ------------------------------------------------------------ pieces
-    @property
-    def first_action_id(self) -> int:
-        return self.vocab_size - self.action_bins
 
     def _prefix(self, images, proprio, tokens) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings [n, S, d] and attention mask [n, S] of images, instruction and proprio."""
@@ -110,29 +110,36 @@ class OpenVLA(TokenPolicy):
         """LM-head logits of the action ids only: [..., bins]."""
         if hasattr(self.lm, "action_logits"):   # a Megatron LM (megatron_lm.MegatronLlama)
             return self.lm.action_logits(h, self.first_action_id)
-        w = self.lm.lm_head.weight[self.first_action_id:]
-        b = self.lm.lm_head.bias[self.first_action_id:] if self.lm.lm_head.bias is not None else None
+        w = self.lm.lm_head.weight[self.action_ids]
+        b = self.lm.lm_head.bias[self.action_ids] if self.lm.lm_head.bias is not None else None
         return nn.functional.linear(h, w, b)
 
+    def _action_embeddings(self, bins: torch.Tensor) -> torch.Tensor:
+        return self.lm.get_input_embeddings()(self.action_ids[bins.long()])
+
+    def _positions(self, mask: torch.Tensor) -> torch.Tensor:
+        # Sequence indices (padding is masked, not skipped), as in Megatron's RoPE: the same
+        # weights give the same outputs under either LM implementation.
+        return torch.arange(mask.shape[1], device=mask.device).expand(mask.shape[0], -1)
+
     def _run(self, emb, mask, **kw):
-        # Positions are sequence indices (padding is masked, not skipped), as in Megatron's RoPE:
-        # the same weights give the same outputs under either LM implementation.
-        pos = torch.arange(emb.shape[1], device=emb.device).expand(emb.shape[0], -1)
-        return self.lm.model(inputs_embeds=emb, attention_mask=mask, position_ids=pos, **kw)
+        return self.lm.model(inputs_embeds=emb, attention_mask=mask, position_ids=self._positions(mask), **kw)
 
     # ------------------------------------------------------------ one forward over known actions
     def _logits_and_value(self, images, proprio, tokens, action_tokens=None):
         emb, mask = self._prefix(images, proprio, tokens)
-        s = emb.shape[1]
-        if self.autoregressive:
-            prev = self.lm.get_input_embeddings()(action_tokens[:, :-1].long() + self.first_action_id)
-            tail = prev
-        else:
-            tail = self.action_queries.expand(emb.shape[0], -1, -1)
+        n, s = emb.shape[:2]
+        last = end_of_prefix(mask)
+        tail = self._action_embeddings(action_tokens[:, :-1]) if self.autoregressive else self.action_queries.expand(n, -1, -1)
         full = torch.cat([emb, tail], 1)
         h = self._run(full, torch.cat([mask, torch.ones(tail.shape[:2], dtype=mask.dtype, device=mask.device)], 1)).last_hidden_state
-        value = self.value_head(h[:, s - 1])[:, 0]
-        act_h = h[:, s - 1:s - 1 + self.n_act] if self.autoregressive else h[:, s:]
+        rows = torch.arange(n, device=h.device)
+        value = self.value_head(h[rows, last])[:, 0]
+        if self.autoregressive:   # token i is predicted where token i-1 is (token 0: the prefix's end)
+            at = torch.cat([last[:, None], s + torch.arange(self.n_act - 1, device=h.device).expand(n, -1)], 1)
+            act_h = h[rows[:, None], at]
+        else:
+            act_h = h[:, s:]
         return self._action_logits(act_h), value
 
     def logits_and_value(self, images, proprio, tokens):
@@ -151,9 +158,9 @@ class OpenVLA(TokenPolicy):
             return super().act(images, proprio, tokens, noise)
         emb, mask = self._prefix(images, proprio, tokens)
         out = self._run(emb, mask, use_cache=True)
-        h, cache = out.last_hidden_state[:, -1], out.cache
+        h, cache = out.last_hidden_state[torch.arange(emb.shape[0], device=emb.device), end_of_prefix(mask)], out.cache
         value = self.value_head(h)[:, 0]
-        pos = torch.full((emb.shape[0], 1), emb.shape[1] - 1, device=emb.device)
+        pos = self._positions(mask)[:, -1:]
         toks, logps = [], []
         for i in range(self.n_act):
             logp_all = torch.log_softmax(self._action_logits(h).float(), -1)
@@ -164,7 +171,7 @@ class OpenVLA(TokenPolicy):
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
             pos = pos + 1
-            e = self.lm.get_input_embeddings()(tok[:, None] + self.first_action_id)
+            e = self._action_embeddings(tok[:, None])
             out = self.lm.model(inputs_embeds=e, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
             h, cache = out.last_hidden_state[:, -1], out.cache
         return torch.stack(toks, 1).to(torch.int32), torch.stack(logps, 1).sum(-1), value.float()

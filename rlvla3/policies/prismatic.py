@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import openvla_folder
+
 TOWERS = {   # timm id -> the tower's kind and what its tensors cannot tell: heads, registers
     "vit_large_patch14_reg4_dinov2.lvd142m": {"kind": "dinov2", "heads": 16, "registers": 4},
     "vit_so400m_patch14_siglip_224": {"kind": "siglip", "heads": 16},
@@ -39,7 +41,6 @@ PREPROCESSOR = {"image_processor_type": "PrismaticImageProcessor", "processor_cl
                 "use_fused_vision_backbone": True, "image_resize_strategy": "resize-naive",
                 "input_sizes": [[3, 224, 224], [3, 224, 224]], "interpolations": ["bicubic", "bicubic"],
                 "means": [[0.485, 0.456, 0.406], [0.5, 0.5, 0.5]], "stds": [[0.229, 0.224, 0.225], [0.5, 0.5, 0.5]]}
-PROMPT = "In: What action should the robot take to {instruction}?\nOut:"   # then token 29871, then the actions
 PUBLISHED_PARAMS = 7_541_237_184   # the released folder's tensors (transformers adds 2,048: DINOv2's mask token and cls position)
 
 
@@ -69,14 +70,10 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"policy.pretrained={folder}: no config.json (the OpenVLA folder's OpenVLAConfig)")
-    cfg = json.loads(path.read_text())
+    cfg = openvla_folder.read_config(folder)
     ids = cfg.get("timm_model_ids")
-    if cfg.get("model_type") != "openvla" or not ids or any(i not in TOWERS for i in ids):
-        raise LayoutError(f"{path}: model_type={cfg.get('model_type')!r} timm_model_ids={ids}: expected an OpenVLA "
-                          f"(Prismatic) config with towers among {sorted(TOWERS)}")
+    if not ids or any(i not in TOWERS for i in ids):
+        raise LayoutError(f"{folder}/config.json: timm_model_ids={ids}: expected Prismatic towers among {sorted(TOWERS)}")
     return cfg
 
 
@@ -305,6 +302,35 @@ def openvla_config(text_config: dict, norm_stats: dict) -> dict:
             "norm_stats": norm_stats, "text_config": text_config, "torch_dtype": "bfloat16", "transformers_version": "4.40.1"}
 
 
+# A tiny copy in the released layout (tests, `bench families`): the published towers' kinds and
+# head counts, tiny widths and depths, 28x28 inputs (4 patches); the Llama keeps the real
+# vocabulary (action tokens 31744..31999, <PAD> 32000) and shrinks its widths instead.
+TINY = {"dinov2": {"hidden": 32, "depth": 3, "mlp": 128, "patch": 14, "image": 28},
+        "siglip": {"hidden": 48, "depth": 3, "mlp": 80, "patch": 14, "image": 28},
+        "llama": {"vocab_size": 32064, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 4, "pad_token_id": 32000}}
+
+
+def tiny_model(seed: int = 0) -> Prismatic:
+    """A random Prismatic at TINY sizes, with non-trivial values everywhere (layer scales,
+    tokens, norms), so a load that drops or misplaces a tensor shows."""
+    torch.manual_seed(seed)
+    model = Prismatic([(spec["kind"], TINY[spec["kind"]], spec) for spec in TOWERS.values()], TINY["llama"])
+    for p in model.parameters():
+        p.data.normal_(0, 0.2)
+    return model
+
+
+def write_tiny_folder(folder: str | Path, norm_stats: dict, seed: int = 0) -> Prismatic:
+    """A released-layout OpenVLA folder at TINY sizes, with a Llama-style tokenizer.json."""
+    from .prompts import write_llama_style_tokenizer
+
+    model = tiny_model(seed)
+    save_folder(model, folder, openvla_config(dict(TINY["llama"], model_type="llama"), norm_stats))
+    write_llama_style_tokenizer(folder)
+    return model
+
+
 def published_model_on_meta() -> Prismatic:
     """openvla-7b's modules at their published sizes, allocating no memory."""
     with torch.device("meta"):
@@ -334,13 +360,9 @@ def pixels(images: torch.Tensor, pre: dict) -> torch.Tensor:
     out = []
     for (_, h, w), mean, std in zip(pre["input_sizes"], pre["means"], pre["stds"]):
         y = nn.functional.interpolate(x, size=(h, w), mode="bicubic", align_corners=False, antialias=True).clamp(0, 1)
-        out.append((y - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1))
+        mean, std = (torch.tensor(v, device=x.device).view(1, 3, 1, 1) for v in (mean, std))
+        out.append((y - mean) / std)
     return torch.cat(out, 1)
-
-
-def prompt(instruction: str) -> str:
-    """OpenVLA's prompt (its training lower-cased the instruction)."""
-    return PROMPT.format(instruction=instruction.lower().strip())
 
 
 # ------------------------------------------------------------------ actions

@@ -264,10 +264,11 @@ def time_episodes(cfg, episodes: int) -> dict:
 
     from ..envs import env_dims, expert_tasks
     from ..envs.hosting import make_vec_env
+    from ..policies.prompts import instruction_encoder
 
     tasks = expert_tasks(cfg)
     expert = tasks is None or cfg.env.task in tasks
-    env = make_vec_env(cfg, [0], 0, auto_reset=False)
+    env = make_vec_env(cfg, [0], 0, auto_reset=False, encode=instruction_encoder(cfg.policy))
     rng, dim = np.random.default_rng(0), env_dims(cfg).action_dim
     steps, resets, wins, lengths = [], [], 0, []
 

@@ -46,6 +46,7 @@ def rank_main(run_dir: Path, episodes: int) -> None:
     from .. import config
     from ..engine.simulator import SegmentBuffer
     from ..envs.hosting import make_vec_env
+    from ..policies.prompts import instruction_encoder
     from ..world import derive, spec
 
     rank = MPI.COMM_WORLD.rank
@@ -55,10 +56,11 @@ def rank_main(run_dir: Path, episodes: int) -> None:
     out = run_dir / "shards"
     out.mkdir(parents=True, exist_ok=True)
     T = cfg.algo.segment_steps
+    encode = instruction_encoder(cfg.policy)
     groups = []
     for g in world.groups_of_sim(rank):
         env = make_vec_env(cfg, list(range(g.env_offset, g.env_offset + g.size)), cfg.seed,
-                           auto_reset=not world.episodic)
+                           auto_reset=not world.episodic, encode=encode)
         env.start_reset()
         groups.append({"g": g, "env": env, "seq": 0, "t": 0, "done": 0, "cur": None, "stepping": False,
                        "seg": SegmentBuffer.allocate(T, g.size, sp), "left": quota(episodes, g, cfg.env.num_envs)})

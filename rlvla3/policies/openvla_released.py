@@ -1,0 +1,71 @@
+"""`openvla` from a released OpenVLA folder (`policy.pretrained`: openvla/openvla-7b or a fine-tune
+such as openvla-7b-finetuned-libero-spatial): the published Prismatic model (prismatic.py),
+decoded as the family decodes (openvla.OpenVLA: autoregressive as released, or parallel action
+queries as OpenVLA-OFT fine-tunes it), with the checkpoint's own inputs and outputs:
+
+- instruction: the folder's tokenizer and OpenVLA's prompt, encoded by the Simulator
+  (prompts.OpenVLAPrompt): [BOS, prompt ..., 29871, padding];
+- images: each camera resized and normalised per tower (preprocessor_config.json; LIBERO frames
+  arrive already turned 180 degrees, as OpenVLA's LIBERO fine-tunes saw them), its patches
+  spliced in after BOS as Prismatic does; the proprio is not an input (OpenVLA has none);
+- positions count attended tokens only, so the right padding changes nothing (the released
+  model never saw padding);
+- actions: bin b of the sample is LM token 31999 - b; `to_env_action` takes the bin centre,
+  un-normalises it with norm_stats[policy.unnorm_key] (q01/q99 where the mask is true) and maps
+  the gripper (the dim the mask leaves out) from the RLDS convention (1 open, 0 closed) to the
+  envs' (-1 open, +1 closed), binarised, as OpenVLA's LIBERO evaluation does;
+- log pi is over the 256 action ids (the softmax restricted to them, as RL fine-tuning of
+  OpenVLA does); V(s) is a new linear head on the prefix's last hidden state (the release has no
+  critic, so it starts at random).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import openvla_folder, prismatic
+from .base import TokenPolicy
+from .openvla import OpenVLA
+
+
+class ReleasedOpenVLA(OpenVLA):
+    def __init__(self, pcfg, spec):
+        TokenPolicy.__init__(self)   # the modules come from the folder, not from `policy` sizes
+        torch.manual_seed(pcfg.init_seed)
+        folder = Path(pcfg.pretrained)
+        openvla_folder.check(pcfg, spec.action_dim)
+        self.vla, cfg = prismatic.load_folder(folder)
+        self.pre = prismatic.read_preprocessor(folder)
+        self.stats = openvla_folder.action_stats(cfg, pcfg.unnorm_key, spec.action_dim)
+        self.action_bins, self.action_dim, self.chunk = pcfg.action_bins, spec.action_dim, spec.chunk
+        self.n_act = spec.chunk * spec.action_dim
+        self.autoregressive = pcfg.decoding == "autoregressive"
+        self.first_action_id = None   # the ids count down (no Megatron LM here: world.validate refuses it)
+        bins = torch.arange(self.action_bins)
+        self.add_heads(self.lm.config.hidden_size, prismatic.LLAMA_VOCAB - 1 - bins)
+
+    @property
+    def lm(self):
+        return self.vla.lm
+
+    def _prefix(self, images, proprio, tokens):
+        """[BOS | every camera's projected patches | the rest of the prompt], mask [n, S]."""
+        n = images.shape[0]
+        patches = self.vla.patch_features(prismatic.pixels(images.flatten(0, 1), self.pre))
+        patches = patches.reshape(n, -1, patches.shape[-1])   # cameras in env.cameras order
+        words = self.lm.get_input_embeddings()(tokens.long())
+        emb = torch.cat([words[:, :1], patches.to(words.dtype), words[:, 1:]], 1)
+        seen = torch.ones(n, 1 + patches.shape[1], dtype=torch.long, device=tokens.device)
+        return emb, torch.cat([seen, (tokens[:, 1:] != 0).long()], 1)
+
+    def _positions(self, mask: torch.Tensor) -> torch.Tensor:
+        return (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def to_env_action(self, sample: np.ndarray) -> np.ndarray:
+        tokens = prismatic.LLAMA_VOCAB - 1 - torch.from_numpy(np.asarray(sample)).long()
+        a = prismatic.tokens_to_actions(tokens.reshape(-1, self.action_dim), self.stats, self.action_bins).numpy()
+        gripper = ~np.asarray(self.stats["mask"], bool)
+        a[:, gripper] = np.where(a[:, gripper] > 0.5, -1.0, 1.0)
+        return np.clip(a, -1.0, 1.0).astype(np.float32).reshape(-1, self.chunk, self.action_dim)
