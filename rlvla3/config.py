@@ -140,6 +140,10 @@ class PolicyConfig:
     """A local checkpoint folder to start from instead of random weights; nothing is downloaded.
     openvla: a released OpenVLA folder (openvla/openvla-7b or a fine-tune: its tokenizer, prompt,
     image transform and action statistics come with it); pi0: a transformers/LeRobot PI0 folder."""
+    tokenizer: str = ""
+    """A local folder with the pretrained checkpoint's tokenizer.json when it is not in
+    policy.pretrained (π0: PaliGemma's tokenizer; LeRobot's π0 folders ship none); empty: the
+    checkpoint folder's own."""
     unnorm_key: str = ""
     """openvla with pretrained: the dataset in the folder's norm_stats whose action statistics
     un-normalise the actions (e.g. libero_spatial_no_noops); empty: the folder's only one."""

@@ -18,6 +18,7 @@ from .config import ConfigError, RunConfig
 from .envs import env_dims, in_process, interpreter
 from .policies import SampleLayout, sample_layout
 from .policies.prompts import is_released_openvla as released_openvla
+from .policies.prompts import load_tokenizer, tokenizer_folder
 
 ROLES = ("simulator", "generator", "trainer")
 
@@ -208,16 +209,21 @@ def _require_path(path: str, name: str, what: str, want_dir: bool) -> None:
              (f" ({p} is a {'folder' if p.is_dir() else 'file'})" if p.exists() else ""))
 
 
-def _validate_released_openvla(cfg: RunConfig) -> None:
+def _validate_pretrained(cfg: RunConfig) -> None:
+    """A pretrained checkpoint this run can use, with the tokenizer it reads its prompt with."""
     from .policies import openvla_folder
 
     p = cfg.policy
-    _require(p.lm_backend == "transformers", "policy.lm_backend", p.lm_backend,
-             "a released OpenVLA folder trains with lm_backend=transformers")
+    if released_openvla(p):
+        _require(p.lm_backend == "transformers", "policy.lm_backend", p.lm_backend,
+                 "a released OpenVLA folder trains with lm_backend=transformers")
     try:
-        openvla_folder.check(p, env_dims(cfg).action_dim)
+        if released_openvla(p):
+            openvla_folder.check(p, env_dims(cfg).action_dim)
+        elif p.name == "pi0":
+            load_tokenizer(tokenizer_folder(p))
     except (OSError, ValueError) as e:
-        raise ConfigError(str(e)) from None
+        raise ConfigError(f"policy={p.name} policy.pretrained={p.pretrained}: {e}") from None
 
 
 def _validate_libero(e) -> None:
@@ -309,8 +315,8 @@ def validate(cfg: RunConfig) -> None:
                   want_dir=False)
     _require(not e.python or os.access(interpreter(cfg), os.X_OK), "env.python", e.python, "is not executable")
     _require_path(p.pretrained, "policy.pretrained", "a local checkpoint folder (config.json + weights)", want_dir=True)
-    if released_openvla(p):
-        _validate_released_openvla(cfg)
+    if p.pretrained:
+        _validate_pretrained(cfg)
     _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")
     _require(p.torch_threads >= 1, "policy.torch_threads", p.torch_threads, "must be >= 1")

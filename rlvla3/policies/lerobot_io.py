@@ -44,23 +44,36 @@ class Normaliser:
             raise KeyError(f"{self.source}: no {name!r} statistics for {key!r} (a base checkpoint carries none; "
                            "a fine-tune's folder holds them in its normalizer step file)") from None
 
-    def normalise(self, key: str, x: np.ndarray) -> np.ndarray:
+    def affine(self, key: str, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(scale, shift) with normalise(x) = x * scale + shift: every mode is affine per dim
+        (MEAN_STD: (x - mean) / (std + eps); the bounds modes map [lo, hi] onto [-1, 1], unclipped
+        as in LeRobot). `dim`: the feature's size this run has, checked against the statistics."""
         mode = self.mode(key)
         if mode == "IDENTITY":
-            return x
+            return np.ones(dim or 1, np.float32), np.zeros(dim or 1, np.float32)
         if mode == "MEAN_STD":
-            return (x - self._stat(key, "mean")) / (self._stat(key, "std") + self.eps)
-        lo, hi = (self._stat(key, s) for s in BOUNDS[mode])
-        return 2 * (x - lo) / np.maximum(hi - lo, self.eps) - 1   # LeRobot does not clip
+            scale = 1.0 / (self._stat(key, "std") + self.eps)
+            shift = -self._stat(key, "mean") * scale
+        else:
+            lo, hi = (self._stat(key, s) for s in BOUNDS[mode])
+            scale = 2.0 / np.maximum(hi - lo, self.eps)
+            shift = -1.0 - lo * scale
+        if dim is not None and scale.shape != (dim,):
+            raise ValueError(f"{self.source}: the {key!r} statistics have shape {scale.shape}; this run's {key} has {dim} "
+                             "dims: the checkpoint was trained on another robot's state/action layout")
+        return scale.astype(np.float32), shift.astype(np.float32)
+
+    def normalise(self, key: str, x: np.ndarray) -> np.ndarray:
+        if self.mode(key) == "IDENTITY":
+            return x
+        scale, shift = self.affine(key)
+        return x * scale + shift
 
     def unnormalise(self, key: str, y: np.ndarray) -> np.ndarray:
-        mode = self.mode(key)
-        if mode == "IDENTITY":
+        if self.mode(key) == "IDENTITY":
             return y
-        if mode == "MEAN_STD":
-            return y * (self._stat(key, "std") + self.eps) + self._stat(key, "mean")
-        lo, hi = (self._stat(key, s) for s in BOUNDS[mode])
-        return (y + 1) / 2 * np.maximum(hi - lo, self.eps) + lo
+        scale, shift = self.affine(key)
+        return (y - shift) / scale
 
 
 def read_normaliser(folder: str | Path, pipeline: str = "policy_preprocessor") -> Normaliser:

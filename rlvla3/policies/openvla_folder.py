@@ -4,14 +4,17 @@ launcher checks it before any rank starts; docs/layouts/openvla-7b.md lists the 
 - `norm_stats[unnorm_key]["action"]`: q01/q99 and the mask of the dims they un-normalise (the
   gripper is the one dim left out in every OpenVLA dataset);
 - `n_action_bins` (256): the sample's bins, LM tokens 31999 - b;
-- the tokenizer (`tokenizer.json`) and the towers' image transform (`preprocessor_config.json`).
+- the tokenizer (`tokenizer.json`, or policy.tokenizer's) and the towers' image transform
+  (`preprocessor_config.json`).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-FILES = ("config.json", "tokenizer.json", "preprocessor_config.json")
+from .prompts import load_tokenizer, tokenizer_folder
+
+FILES = ("config.json", "preprocessor_config.json")
 
 
 def read_config(folder: str | Path) -> dict:
@@ -51,7 +54,8 @@ def check(pcfg, action_dim: int) -> None:
     for name in FILES:
         if not (folder / name).is_file():
             raise FileNotFoundError(f"policy.pretrained={folder}: no {name} (a released OpenVLA folder has "
-                                    f"{', '.join(FILES)} and model*.safetensors)")
+                                    f"{', '.join(FILES)}, tokenizer.json and model*.safetensors)")
+    load_tokenizer(tokenizer_folder(pcfg))
     cfg = read_config(folder)
     action_stats(cfg, pcfg.unnorm_key, action_dim, f"{folder}/")
     if cfg.get("n_action_bins", 256) != pcfg.action_bins:

@@ -15,8 +15,11 @@ in [0.01, 1]. The executed chunk is x_S clipped to [-1, 1]. The shard stores the
 which is all the Trainer needs to recompute log pi with gradients. V(s) is a linear head on the
 mean of the prefix's last hidden states (valid positions).
 
-Random-initialised from `policy` sizes, or `policy.pretrained`: a local transformers PI0
-checkpoint directory (chunk size, action and state dims must fit this env); nothing is downloaded.
+Random-initialised from `policy` sizes, or `policy.pretrained`: a local PI0 folder (transformers'
+or LeRobot's layout; chunk size, action and state dims must fit this env); nothing is downloaded.
+A LeRobot folder's normaliser (policy_{pre,post}processor.json + their statistics: lerobot_io)
+normalises the proprio before the model and un-normalises the executed chunk; the instruction is
+encoded by the Simulator with PaliGemma's tokenizer (prompts.Pi0Prompt, policy.tokenizer).
 """
 from __future__ import annotations
 
@@ -60,6 +63,19 @@ def published_pi0_on_meta():
         return PI0ForConditionalGeneration(PI0Config())
 
 
+def folder_normaliser(folder: str, spec) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """(scale, shift) of the proprio's normalisation and of the actions' (normalised = x * scale +
+    shift) from a LeRobot folder's processor pipelines; identity for a folder without them."""
+    from .lerobot_io import read_normaliser
+
+    identity = lambda d: (np.ones(d, np.float32), np.zeros(d, np.float32))  # noqa: E731
+    if not folder or not (Path(folder) / "policy_preprocessor.json").is_file():
+        return identity(spec.proprio_dim), identity(spec.action_dim)
+    pre = read_normaliser(folder)
+    post = read_normaliser(folder, "policy_postprocessor") if (Path(folder) / "policy_postprocessor.json").is_file() else pre
+    return pre.affine("observation.state", spec.proprio_dim), post.affine("action", spec.action_dim)
+
+
 class Pi0Flow(Policy):
     def __init__(self, pcfg, spec):
         super().__init__()
@@ -82,6 +98,9 @@ class Pi0Flow(Policy):
         self.tokens_per_image = (self.image_size // vlm.vision_config.patch_size) ** 2
         self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
         self.value_head = nn.Linear(vlm.text_config.hidden_size, 1)
+        state, self.action_affine = folder_normaliser(pcfg.pretrained, spec)
+        self.register_buffer("state_scale", torch.from_numpy(state[0]), persistent=False)
+        self.register_buffer("state_shift", torch.from_numpy(state[1]), persistent=False)
 
     # ------------------------------------------------------------ pieces
     def _prefix(self, images, proprio, tokens):
@@ -104,7 +123,7 @@ class Pi0Flow(Policy):
 
     def _state(self, proprio):
         pad = self.model.config.max_state_dim - proprio.shape[1]
-        return nn.functional.pad(proprio.float(), (0, pad))
+        return nn.functional.pad(proprio.float() * self.state_scale + self.state_shift, (0, pad))
 
     def _mean_next(self, cache, mask, state, x, k):
         """mu_k = x_k + dt * v(x_k, t_k): the mean of denoising step k (actions padded to the
@@ -164,4 +183,6 @@ class Pi0Flow(Policy):
         return ((v - (eps - a)) ** 2).mean((-1, -2))
 
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
-        return np.clip(sample[:, -1], -1.0, 1.0).astype(np.float32)
+        """x_S, un-normalised (the folder's action statistics; identity without them), within the env's [-1, 1]."""
+        scale, shift = self.action_affine
+        return np.clip((sample[:, -1] - shift) / scale, -1.0, 1.0).astype(np.float32)

@@ -36,41 +36,69 @@ def openvla_prompt(instruction: str) -> str:
     return OPENVLA_PROMPT.format(instruction=instruction.lower().strip())
 
 
-def released_tokenizer(folder: str | Path):
-    """The checkpoint folder's own tokenizer (its `tokenizer.json`, the fast-tokenizer file the
-    released OpenVLA folders ship); a missing file is named, nothing is downloaded."""
+def tokenizer_folder(pcfg) -> Path:
+    """Where a pretrained policy's tokenizer is: policy.tokenizer, else the checkpoint folder
+    (OpenVLA's ships one; LeRobot's π0 folders do not: π0 reads PaliGemma's)."""
+    return Path(pcfg.tokenizer or pcfg.pretrained)
+
+
+def load_tokenizer(folder: Path):
+    """`tokenizer.json` of `folder` (the fast-tokenizer file); a missing file is named, nothing is downloaded."""
     from tokenizers import Tokenizer
 
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
-        raise FileNotFoundError(f"policy.pretrained={folder}: no tokenizer.json (the checkpoint's Llama-2 tokenizer, "
-                                "shipped in the released folder); nothing is downloaded")
+        raise FileNotFoundError(f"no tokenizer.json in {folder} (the checkpoint's tokenizer: a released OpenVLA folder "
+                                "ships its Llama-2 one; for π0 give PaliGemma's folder as policy.tokenizer); "
+                                "nothing is downloaded")
     return Tokenizer.from_file(str(path))
 
 
-class OpenVLAPrompt:
-    """An instruction as the released OpenVLA reads it: BOS, the prompt, token 29871."""
+class CheckpointPrompt:
+    """An instruction as a pretrained checkpoint reads it, right-padded with 0 to `length`."""
 
-    def __init__(self, folder: str | Path, length: int):
-        self.tok, self.length, self.folder = released_tokenizer(folder), length, folder
-        self.bos = self.tok.token_to_id("<s>")
+    bos_token = ""
+
+    def __init__(self, folder: Path, length: int):
+        self.tok, self.length = load_tokenizer(folder), length
+        self.bos = self.tok.token_to_id(self.bos_token)
         if self.bos is None:
-            raise ValueError(f"policy.pretrained={folder}: its tokenizer.json has no <s> (BOS) token: not a Llama tokenizer")
+            raise ValueError(f"{folder}/tokenizer.json has no {self.bos_token} (BOS) token: not this checkpoint's tokenizer")
 
     def ids(self, instruction: str) -> list[int]:
-        ids = self.tok.encode(openvla_prompt(instruction)).ids
-        if not ids or ids[0] != self.bos:   # tokenizer.json files differ on whether they add BOS themselves
-            ids = [self.bos, *ids]
-        return [*ids, OPENVLA_SPACE_TOKEN]
+        raise NotImplementedError
+
+    def text_ids(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
 
     def __call__(self, instruction: str) -> np.ndarray:
         ids = self.ids(instruction)
         if len(ids) > self.length:
-            raise ValueError(f"the OpenVLA prompt of {instruction!r} is {len(ids)} tokens, longer than "
-                             f"policy.instruction_len={self.length}: raise policy.instruction_len to at least {len(ids)}")
+            raise ValueError(f"the prompt of {instruction!r} is {len(ids)} tokens, longer than policy.instruction_len="
+                             f"{self.length}: raise policy.instruction_len to at least {len(ids)}")
         out = np.zeros(self.length, np.int32)
         out[:len(ids)] = ids
         return out
+
+
+class OpenVLAPrompt(CheckpointPrompt):
+    """The released OpenVLA's: BOS, the prompt, token 29871."""
+
+    bos_token = "<s>"
+
+    def ids(self, instruction: str) -> list[int]:
+        return [self.bos, *self.text_ids(openvla_prompt(instruction)), OPENVLA_SPACE_TOKEN]
+
+
+class Pi0Prompt(CheckpointPrompt):
+    """π0's (openpi's tokenizer, which LeRobot's π0 follows): BOS, the cleaned instruction, then
+    "\n" (PaliGemma's tokenizer; the model's prompt holds up to tokenizer_max_length 48)."""
+
+    bos_token = "<bos>"
+
+    def ids(self, instruction: str) -> list[int]:
+        text = instruction.strip().replace("_", " ").replace("\n", " ")
+        return [self.bos, *self.text_ids(text), *self.text_ids("\n")]
 
 
 def is_released_openvla(pcfg) -> bool:
@@ -82,7 +110,9 @@ def is_released_openvla(pcfg) -> bool:
 def instruction_encoder(pcfg) -> Encoder:
     """What turns an env's instruction into the policy's `tokens` (cached per text by the caller)."""
     if is_released_openvla(pcfg):
-        return OpenVLAPrompt(pcfg.pretrained, pcfg.instruction_len)
+        return OpenVLAPrompt(tokenizer_folder(pcfg), pcfg.instruction_len)
+    if pcfg.name == "pi0" and pcfg.pretrained:
+        return Pi0Prompt(tokenizer_folder(pcfg), pcfg.instruction_len)
     return lambda text: hashed_words(text, pcfg.instruction_len, pcfg.vocab)
 
 
@@ -93,23 +123,34 @@ TINY_CORPUS = [OPENVLA_PROMPT.format(instruction=t) for t in (
     "open the top drawer and put the bowl inside", "lift the cube", "go to the red square", "push the puck to the goal")]
 
 
-def write_llama_style_tokenizer(folder: str | Path, vocab_size: int = 512) -> None:
-    """A small tokenizer in the released folders' form (tokenizer.json of a byte-fallback BPE with
-    SentencePiece's "▁" word marks, <unk>=0, <s>=1, </s>=2, BOS added by its post-processor;
-    added_tokens.json {"<PAD>": 32000}), for tiny test checkpoints in the published layout."""
-    import json
+# The special tokens at the head of each vocabulary: Llama-2's (OpenVLA) and PaliGemma's (π0).
+SPECIALS = {"llama": ["<unk>", "<s>", "</s>"], "paligemma": ["<pad>", "<eos>", "<bos>", "<unk>"]}
 
+
+def write_tiny_tokenizer(folder: str | Path, style: str = "llama", vocab_size: int = 512) -> None:
+    """A small tokenizer.json in the form of the real ones (a byte-fallback BPE with
+    SentencePiece's "▁" word marks, the style's special ids first, BOS added by its post-processor),
+    for tiny test checkpoints; ids stay below `vocab_size`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    specials = SPECIALS[style] + [f"<0x{b:02X}>" for b in range(256)]
+    bos = "<s>" if style == "llama" else "<bos>"
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     tok.train_from_iterator(TINY_CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, specials.index(bos))])
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
+
+
+def write_llama_style_tokenizer(folder: str | Path) -> None:
+    """The tokenizer files of a released OpenVLA folder, tiny (added_tokens.json {"<PAD>": 32000})."""
+    import json
+
+    write_tiny_tokenizer(folder, "llama")
+    folder = Path(folder)
     (folder / "added_tokens.json").write_text(json.dumps({"<PAD>": 32000}))
     (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
                                                                 "pad_token": "<PAD>"}))

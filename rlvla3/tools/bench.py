@@ -165,6 +165,7 @@ def weights_bench(a) -> int:
 
 
 # Policy families as a user selects them (conf/policy/*.yaml), on the env of the overrides.
+RELEASED = "policy.pretrained={released}"
 FAMILIES = {
     "tiny": ["policy=tiny"],
     "tiny_chunk4": ["policy=tiny", "policy.chunk=4"],
@@ -172,7 +173,25 @@ FAMILIES = {
     "openvla_autoregressive": ["policy=openvla", "policy.decoding=autoregressive"],
     "openvla_oft_chunk4": ["policy=openvla", "policy.chunk=4"],
     "pi0_chunk4": ["policy=pi0"],
+    # a released OpenVLA folder (a tiny one in the published layout, written for the run)
+    "openvla_released": ["policy=openvla", "policy.decoding=autoregressive", RELEASED],
+    "openvla_released_oft_chunk8": ["policy=openvla", "policy.chunk=8", RELEASED],
 }
+
+
+def tiny_released_folder(cfg) -> str:
+    """A tiny OpenVLA folder in the released layout whose action statistics fit the env of `cfg`
+    (the last dim is the gripper, left un-normalised as in OpenVLA's datasets)."""
+    import tempfile
+
+    from ..envs import env_dims
+    from ..policies import prismatic
+
+    d = env_dims(cfg).action_dim
+    stats = {"bench": {"action": {"q01": [-1.0] * d, "q99": [1.0] * d, "mask": [True] * (d - 1) + [False]}}}
+    folder = tempfile.mkdtemp(prefix="openvla-released-")
+    prismatic.write_tiny_folder(folder, stats)
+    return folder
 
 
 def families_bench(a) -> int:
@@ -189,9 +208,10 @@ def families_bench(a) -> int:
     torch.set_num_threads(1)
     names = a.families.split(",") if a.families else list(FAMILIES)
     rows = []
-    print(f"{'family':24s} {'params':>9s} {'batch':>5s} {'act ms':>8s} {'train ms':>9s} {'act samples/s':>13s}")
+    released = tiny_released_folder(compose(a.overrides)) if any(RELEASED in FAMILIES[n] for n in names) else ""
+    print(f"{'family':28s} {'params':>9s} {'batch':>5s} {'act ms':>8s} {'train ms':>9s} {'act samples/s':>13s}")
     for name in names:
-        cfg = compose([*a.overrides, *FAMILIES[name]])
+        cfg = compose([*a.overrides, *(o.format(released=released) for o in FAMILIES[name])])
         sp = spec(cfg)
         device = pick_device(cfg.policy.device)
         policy = make_policy(cfg, sp).to(device)
@@ -223,7 +243,7 @@ def families_bench(a) -> int:
             t_act, t_train = (median_seconds(f, a.repeats) for f in (act, train))
             rows.append({"family": name, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train,
                          "device": str(device)})
-            print(f"{name:24s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f}", flush=True)
+            print(f"{name:28s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f}", flush=True)
     save_rows(a.out, "families.json", rows)
     return 0
 

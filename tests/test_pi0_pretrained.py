@@ -1,0 +1,86 @@
+"""policy=pi0 from a pretrained folder with LeRobot's normaliser files and PaliGemma-style
+tokenizer: the Simulator encodes openpi's prompt, the proprio is normalised and the executed chunk
+un-normalised with the folder's statistics, a folder without a tokenizer is refused before any
+rank starts, and it trains through the engine with the Generator's and Trainer's log-probs equal."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlvla3.cluster.compose import compose
+from rlvla3.config import ConfigError
+from rlvla3.engine.metrics import read_records
+from rlvla3.policies import make_policy
+from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
+from rlvla3.policies.prompts import Pi0Prompt, write_tiny_tokenizer
+from rlvla3.world import spec, validate
+from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
+
+PI0_TOY = [*TOY, "policy=pi0", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3"]
+
+
+def write_folder(root, cfg):
+    """A tiny PI0 for `cfg`'s env, with MEAN_STD statistics of its state and actions and a
+    PaliGemma-style tokenizer in a folder of its own (LeRobot's π0 folders ship none)."""
+    sp = spec(cfg)
+    make_policy(cfg, sp).model.save_pretrained(root / "pi0")
+    rng = np.random.default_rng(0)
+    stats = {"observation.state": {"mean": rng.normal(size=sp.proprio_dim).astype(np.float32),
+                                   "std": rng.uniform(0.5, 2, sp.proprio_dim).astype(np.float32)},
+             "action": {"mean": np.full(sp.action_dim, 0.1, np.float32), "std": np.full(sp.action_dim, 0.5, np.float32)}}
+    norm = Normaliser({"observation.state": "STATE", "action": "ACTION"}, {"STATE": "MEAN_STD", "ACTION": "MEAN_STD"}, stats)
+    write_normaliser(root / "pi0", norm, "policy_preprocessor")
+    write_normaliser(root / "pi0", norm, "policy_postprocessor")
+    write_tiny_tokenizer(root / "paligemma", "paligemma")
+    return stats
+
+
+def test_prompt_state_and_actions_follow_the_folder(tmp_path):
+    cfg = compose(PI0_TOY)
+    stats = write_folder(tmp_path, cfg)
+    over = [*PI0_TOY, f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
+    cfg = compose(over)
+    validate(cfg)
+    encode = Pi0Prompt(tmp_path / "paligemma", cfg.policy.instruction_len)
+    ids = encode("go to the red_square")
+    newline = encode.text_ids("\n")
+    n = int((ids != 0).sum())
+    assert ids[0] == 2 and list(ids[n - len(newline):n]) == newline and (ids[n:] == 0).all()
+    assert list(ids[:n]) == [2, *encode.text_ids("go to the red square"), *newline]   # "_" -> " ", as openpi
+    sp = spec(cfg)
+    policy = make_policy(cfg, sp)
+    proprio = torch.randn(3, sp.proprio_dim)
+    s = stats["observation.state"]
+    want = (proprio - torch.from_numpy(s["mean"])) / (torch.from_numpy(s["std"]) + 1e-8)
+    state = policy._state(proprio)
+    assert torch.allclose(state[:, :sp.proprio_dim], want, atol=1e-5) and (state[:, sp.proprio_dim:] == 0).all()
+    chain = np.random.default_rng(1).normal(size=(3, *sp.sample.shape)).astype(np.float32)
+    np.testing.assert_allclose(policy.to_env_action(chain), np.clip(chain[:, -1] * (0.5 + 1e-8) + 0.1, -1, 1), atol=1e-6)
+    with pytest.raises(ConfigError, match=r"policy=pi0 policy.pretrained=.*no tokenizer.json in .*pi0"):
+        validate(compose(over[:-1]))
+
+
+def test_statistics_of_another_robot_are_named(tmp_path):
+    cfg = compose(PI0_TOY)
+    write_folder(tmp_path, cfg)
+    norm = Normaliser({"observation.state": "STATE", "action": "ACTION"}, {"STATE": "MEAN_STD", "ACTION": "MEAN_STD"},
+                      {"observation.state": {"mean": np.zeros(9, np.float32), "std": np.ones(9, np.float32)}})
+    write_normaliser(tmp_path / "pi0", norm, "policy_preprocessor")
+    over = [*PI0_TOY, f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
+    with pytest.raises(ValueError, match=r"'observation.state' statistics have shape \(9,\); this run's observation.state has"):
+        make_policy(compose(over), spec(cfg))
+
+
+@needs_mpi
+@pytest.mark.slow
+def test_a_pretrained_pi0_trains_through_the_engine_with_matching_logprobs(tmp_path):
+    write_folder(tmp_path, compose(PI0_TOY))
+    over = [*PI0_TOY, "mode=async", "algo.max_versions=2", "algo.check_logprobs=true",
+            f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
+    proc, run = run_engine(tmp_path, over, timeout=400)
+    assert_ok(proc)
+    assert summary(run)["versions"] == 2
+    diffs = [rec["v"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "logp_diff_max"]
+    assert diffs and max(diffs) <= 1e-3, diffs
+    print(f"pretrained pi0: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
