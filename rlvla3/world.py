@@ -17,8 +17,8 @@ from pathlib import Path
 from .config import ConfigError, RunConfig
 from .envs import env_dims, in_process, interpreter
 from .policies import SampleLayout, sample_layout
+from .policies.prompts import instruction_encoder
 from .policies.prompts import is_released_openvla as released_openvla
-from .policies.prompts import load_tokenizer, tokenizer_folder
 
 ROLES = ("simulator", "generator", "trainer")
 
@@ -220,10 +220,11 @@ def _validate_pretrained(cfg: RunConfig) -> None:
     try:
         if released_openvla(p):
             openvla_folder.check(p, env_dims(cfg).action_dim)
-        elif p.name == "pi0":
-            load_tokenizer(tokenizer_folder(p))
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"policy={p.name} policy.pretrained={p.pretrained}: {e}") from None
+        elif p.name in ("pi0", "pi05"):
+            instruction_encoder(p)   # its tokenizer (and π0.5's state statistics) load
+    except (OSError, ValueError, KeyError) as e:
+        why = e.args[0] if isinstance(e, KeyError) else e
+        raise ConfigError(f"policy={p.name} policy.pretrained={p.pretrained}: {why}") from None
 
 
 def _validate_libero(e) -> None:
@@ -285,7 +286,8 @@ def validate(cfg: RunConfig) -> None:
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
     _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
     _require(0.0 <= e.success_rate <= 1.0, "env.success_rate", e.success_rate, "must be in [0, 1]")
-    _require(p.name in ("tiny", "openvla", "pi0", "emulated"), "policy.name", p.name, "use tiny, openvla, pi0 or emulated")
+    _require(p.name in ("tiny", "openvla", "pi0", "pi05", "emulated"), "policy.name", p.name,
+             "use tiny, openvla, pi0, pi05 or emulated")
     _require(p.chunk >= 1, "policy.chunk", p.chunk, "must be >= 1 (actions per forward)")
     _require(p.decoding in ("parallel", "autoregressive"), "policy.decoding", p.decoding, "use parallel or autoregressive")
     _require(p.lm in ("qwen2", "llama"), "policy.lm", p.lm, "use qwen2 or llama")

@@ -13,3 +13,21 @@ def test_pi0_published_configuration_is_3_5_billion_parameters_without_memory():
     cfg = model.config
     assert (cfg.chunk_size, cfg.max_state_dim, cfg.max_action_dim, cfg.num_inference_steps) == (50, 32, 32, 10)
     assert (cfg.vlm_config.text_config.hidden_size, cfg.dit_config.hidden_size) == (2048, 1024)
+
+
+def test_pi05_published_configuration_is_lerobots_812_tensors_and_3_6_billion_parameters():
+    """docs/layouts/pi05-base.md counted lerobot/pi05_base from LeRobot's own module tree."""
+    from rlvla3.policies.pi05 import PUBLISHED_PARAMS, lerobot_name, published_pi05_on_meta
+
+    model = published_pi05_on_meta()
+    assert all(p.is_meta for p in model.parameters())
+    assert sum(p.numel() for p in model.parameters()) == PUBLISHED_PARAMS == 3_616_757_520
+    names = {lerobot_name(k): v.shape for k, v in model.state_dict().items()}
+    assert len(names) == 812
+    expert = "paligemma_with_expert.gemma_expert.model."
+    assert names[expert + "layers.17.input_layernorm.dense.weight"] == (3072, 1024)
+    assert names[expert + "norm.dense.bias"] == (3072,) and expert + "norm.weight" not in names
+    assert names["time_mlp_in.weight"] == (1024, 1024) and names["action_in_proj.weight"] == (1024, 32)
+    assert not any("state_proj" in n or "action_time_mlp" in n for n in names)
+    assert names["paligemma_with_expert.paligemma.lm_head.weight"] == (257152, 2048)
+    assert not any(n.endswith("embed_tokens.weight") for n in names)   # the file keeps the lm_heads only

@@ -134,7 +134,9 @@ class _GroupBase:
         self.encode = encode
         self._tok: dict[str, np.ndarray] = {}
 
-    def tokens(self, text: str) -> np.ndarray:
+    def tokens(self, text: str, proprio: np.ndarray) -> np.ndarray:
+        if getattr(self.encode, "reads_state", False):   # the prompt holds the state: a new one each step
+            return self.encode(text, proprio)
         if text not in self._tok:
             self._tok[text] = self.encode(text)
         return self._tok[text]
@@ -143,7 +145,7 @@ class _GroupBase:
         return GroupStep(
             images=np.stack([o.obs.images for o in outs]),
             proprio=np.stack([o.obs.proprio for o in outs]).astype(np.float32),
-            tokens=np.stack([self.tokens(o.obs.instruction) for o in outs]),
+            tokens=np.stack([self.tokens(o.obs.instruction, o.obs.proprio) for o in outs]),
             reward=np.array([o.reward for o in outs], np.float32),
             terminated=np.array([o.terminated for o in outs]),
             truncated=np.array([o.truncated for o in outs]),

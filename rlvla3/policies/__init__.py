@@ -29,7 +29,10 @@ def make_policy(cfg, spec):
     if name == "pi0":
         from .pi0 import Pi0Flow
         return Pi0Flow(cfg.policy, spec)
-    raise ValueError(f"policy.name={name!r} has no torch model; use tiny, openvla or pi0")
+    if name == "pi05":
+        from .pi05 import Pi05Flow
+        return Pi05Flow(cfg.policy, spec)
+    raise ValueError(f"policy.name={name!r} has no torch model; use tiny, openvla, pi0 or pi05")
 
 
 def make_actor(cfg, spec):

@@ -79,14 +79,9 @@ def folder_normaliser(folder: str, spec) -> tuple[tuple[np.ndarray, np.ndarray],
 class Pi0Flow(Policy):
     def __init__(self, pcfg, spec):
         super().__init__()
-        from transformers import PI0ForConditionalGeneration
-
         torch.manual_seed(pcfg.init_seed)
         self.chunk, self.action_dim, self.steps = spec.chunk, spec.action_dim, pcfg.denoise_steps
-        if pcfg.pretrained:
-            self.model = load_strict(PI0ForConditionalGeneration, Path(pcfg.pretrained), "PI0")
-        else:
-            self.model = PI0ForConditionalGeneration(tiny_pi0_config(pcfg, spec))
+        self.model = self.build(pcfg, spec)
         c = self.model.config
         if c.chunk_size != spec.chunk or c.max_action_dim < spec.action_dim or c.max_state_dim < spec.proprio_dim:
             raise ValueError(f"the PI0 model has chunk_size={c.chunk_size}, max_action_dim={c.max_action_dim}, "
@@ -101,6 +96,18 @@ class Pi0Flow(Policy):
         state, self.action_affine = folder_normaliser(pcfg.pretrained, spec)
         self.register_buffer("state_scale", torch.from_numpy(state[0]), persistent=False)
         self.register_buffer("state_shift", torch.from_numpy(state[1]), persistent=False)
+
+    def build(self, pcfg, spec):
+        """The flow model: transformers' PI0, loaded from policy.pretrained or random at `policy` sizes."""
+        from transformers import PI0ForConditionalGeneration
+
+        if pcfg.pretrained:
+            return load_strict(PI0ForConditionalGeneration, Path(pcfg.pretrained), "PI0")
+        return PI0ForConditionalGeneration(tiny_pi0_config(pcfg, spec))
+
+    def velocity(self, cache, mask, state, x, t):
+        """v(x_t, t | prefix, state) [n, K, max_action_dim] (x padded to max_action_dim)."""
+        return self.model(state=state, noise=x, timestep=t, attention_mask=mask, cache=cache).logits
 
     # ------------------------------------------------------------ pieces
     def _prefix(self, images, proprio, tokens):
@@ -132,7 +139,7 @@ class Pi0Flow(Policy):
         t = torch.full((n,), 1.0 - k / self.steps, dtype=torch.float32, device=x.device)
         prefix_len = cache.get_seq_length()
         xp = nn.functional.pad(x, (0, self.model.config.max_action_dim - self.action_dim))
-        v = self.model(state=state, noise=xp, timestep=t, attention_mask=mask, cache=cache).logits
+        v = self.velocity(cache, mask, state, xp, t)
         cache.crop(prefix_len - cache.get_seq_length())   # drop this step's tokens: the next attends to the prefix only
         return x - v[..., :self.action_dim] / self.steps
 
@@ -178,8 +185,7 @@ class Pi0Flow(Policy):
         eps = torch.randn_like(a)
         x_t = t[:, None, None] * eps + (1 - t[:, None, None]) * a
         pad = (0, c.max_action_dim - self.action_dim)
-        v = self.model(state=self._state(proprio), noise=nn.functional.pad(x_t, pad), timestep=t, attention_mask=mask,
-                       cache=cache).logits[..., :self.action_dim]
+        v = self.velocity(cache, mask, self._state(proprio), nn.functional.pad(x_t, pad), t)[..., :self.action_dim]
         return ((v - (eps - a)) ** 2).mean((-1, -2))
 
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:

@@ -2,7 +2,8 @@
 project's hashed words for families trained from scratch, or a released checkpoint's own
 tokenizer and prompt template. numpy and `tokenizers` only: a Simulator rank never imports torch.
 
-Ids are right-padded with 0 to `policy.instruction_len` (0 is padding for every family: the hashed
+An encoder is called with the instruction, and also with the env's proprio when it `reads_state`
+(π0.5 writes the state into its prompt). Ids are right-padded with 0 to `policy.instruction_len` (0 is padding for every family: the hashed
 words start at 2, and Llama's id 0 is `<unk>`, which its byte-fallback tokenizer never emits).
 """
 from __future__ import annotations
@@ -71,8 +72,12 @@ class CheckpointPrompt:
     def text_ids(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
 
+    reads_state = False   # the prompt depends on the instruction only (the caller may cache it per text)
+
     def __call__(self, instruction: str) -> np.ndarray:
-        ids = self.ids(instruction)
+        return self.padded(self.ids(instruction), instruction)
+
+    def padded(self, ids: list[int], instruction: str) -> np.ndarray:
         if len(ids) > self.length:
             raise ValueError(f"the prompt of {instruction!r} is {len(ids)} tokens, longer than policy.instruction_len="
                              f"{self.length}: raise policy.instruction_len to at least {len(ids)}")
@@ -101,6 +106,32 @@ class Pi0Prompt(CheckpointPrompt):
         return [self.bos, *self.text_ids(text), *self.text_ids("\n")]
 
 
+class Pi05Prompt(CheckpointPrompt):
+    """π0.5's: BOS, "Task: {instruction}, State: {bins};\nAction: ", where the proprio is normalised
+    with the folder's state statistics (LeRobot's normaliser: quantiles) and cut into 256 bins of
+    [-1, 1] (below -1: bin -1, above 1: bin 256, unclipped, as openpi does). It reads the state, so
+    it is encoded at every step, not once per instruction."""
+
+    bos_token = "<bos>"
+    reads_state = True
+
+    def __init__(self, folder: Path, length: int, checkpoint: str | Path):
+        from .lerobot_io import read_normaliser
+
+        super().__init__(folder, length)
+        self.norm = read_normaliser(checkpoint)
+        self.norm.affine("observation.state")   # a base checkpoint without statistics fails here, naming them
+
+    def ids(self, instruction: str, state: np.ndarray | None = None) -> list[int]:
+        text = instruction.strip().replace("_", " ").replace("\n", " ")
+        s = self.norm.normalise("observation.state", np.asarray(state, np.float32))
+        bins = np.digitize(s, np.linspace(-1, 1, 257)[:-1]) - 1
+        return [self.bos, *self.text_ids(f"Task: {text}, State: {' '.join(map(str, bins))};\nAction: ")]
+
+    def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:
+        return self.padded(self.ids(instruction, state), instruction)
+
+
 def is_released_openvla(pcfg) -> bool:
     """policy=openvla with policy.pretrained: a released OpenVLA folder (the only layout the
     family loads)."""
@@ -113,6 +144,8 @@ def instruction_encoder(pcfg) -> Encoder:
         return OpenVLAPrompt(tokenizer_folder(pcfg), pcfg.instruction_len)
     if pcfg.name == "pi0" and pcfg.pretrained:
         return Pi0Prompt(tokenizer_folder(pcfg), pcfg.instruction_len)
+    if pcfg.name == "pi05" and pcfg.pretrained:
+        return Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, pcfg.pretrained)
     return lambda text: hashed_words(text, pcfg.instruction_len, pcfg.vocab)
 
 

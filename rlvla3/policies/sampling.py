@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 # Families whose action is a flow-matching denoising chain; every other family samples tokens.
-CHAIN_FAMILIES = ("pi0",)
+CHAIN_FAMILIES = ("pi0", "pi05")
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class SampleLayout:
     recompute log pi(sample | obs) (shards.py documents the arrays):
     - token families (tiny, openvla, emulated): action token ids int32 [K*D] (chunk-major), drawn
       by Gumbel-max from uniform noise [K*D, bins];
-    - chain families (pi0): the denoising chain float32 [S+1, K, D] (x_0 = initial noise, x_S =
+    - chain families (pi0, pi05): the denoising chain float32 [S+1, K, D] (x_0 = initial noise, x_S =
       the executed chunk), drawn from standard-normal noise of the same shape.
     A Generator draws the noise per request (seeded), so a sample never depends on its batch."""
 

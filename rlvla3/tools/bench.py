@@ -173,6 +173,7 @@ FAMILIES = {
     "openvla_autoregressive": ["policy=openvla", "policy.decoding=autoregressive"],
     "openvla_oft_chunk4": ["policy=openvla", "policy.chunk=4"],
     "pi0_chunk4": ["policy=pi0"],
+    "pi05_chunk4": ["policy=pi05"],
     # a released OpenVLA folder (a tiny one in the published layout, written for the run)
     "openvla_released": ["policy=openvla", "policy.decoding=autoregressive", RELEASED],
     "openvla_released_oft_chunk8": ["policy=openvla", "policy.chunk=8", RELEASED],

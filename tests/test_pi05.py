@@ -1,0 +1,144 @@
+"""policy=pi05 (π0.5) from LeRobot's folder layout (a tiny copy: same file names, config keys
+and tensor names, random weights): it loads back exactly and a differing folder fails naming the
+tensor; the Simulator writes the normalised, binned state into the prompt; the adaRMS expert is
+conditioned on time; act and evaluate agree; it trains through the engine with the Generator's and
+Trainer's log-probs equal."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlvla3.cluster.compose import compose
+from rlvla3.config import ConfigError
+from rlvla3.engine.metrics import read_records
+from rlvla3.policies import make_policy, pi05
+from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
+from rlvla3.policies.prompts import Pi05Prompt, write_tiny_tokenizer
+from rlvla3.world import spec, validate
+from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
+
+PI05_TOY = [*TOY, "policy=pi05", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3", "policy.instruction_len=48"]
+
+
+def write_folder(root, cfg, seed=0):
+    """A tiny π0.5 for `cfg`'s env in LeRobot's layout, its QUANTILES normaliser, and a
+    PaliGemma-style tokenizer in a folder of its own."""
+    sp = spec(cfg)
+    torch.manual_seed(seed)
+    model = make_policy(compose([o for o in PI05_TOY]), sp).model
+    for p in model.parameters():   # non-zero everywhere (adaRMS dense starts at zero otherwise)
+        p.data.normal_(0, 0.1)
+    pi05.save_folder(model, root / "pi05")
+    stats = {"observation.state": {"q01": np.full(sp.proprio_dim, -2.0, np.float32), "q99": np.full(sp.proprio_dim, 2.0, np.float32)},
+             "action": {"q01": np.full(sp.action_dim, -1.0, np.float32), "q99": np.full(sp.action_dim, 1.0, np.float32)}}
+    norm = Normaliser({"observation.state": "STATE", "action": "ACTION"}, {"STATE": "QUANTILES", "ACTION": "QUANTILES"}, stats)
+    write_normaliser(root / "pi05", norm, "policy_preprocessor")
+    write_normaliser(root / "pi05", norm, "policy_postprocessor")
+    write_tiny_tokenizer(root / "paligemma", "paligemma")
+    return model
+
+
+def pretrained(root):
+    return [*PI05_TOY, f"policy.pretrained={root / 'pi05'}", f"policy.tokenizer={root / 'paligemma'}"]
+
+
+def test_a_tiny_folder_in_lerobots_layout_loads_back_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    model = write_folder(tmp_path, compose(PI05_TOY))
+    names = load_file(tmp_path / "pi05" / "model.safetensors")
+    assert "paligemma_with_expert.gemma_expert.model.layers.0.input_layernorm.dense.weight" in names
+    assert "paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight" in names
+    assert "time_mlp_out.bias" in names and not any("embed_tokens" in n for n in names)
+    loaded = pi05.load_folder(tmp_path / "pi05")
+    ours, theirs = model.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    c, d = model.config, loaded.config
+    assert (d.chunk_size, d.max_action_dim, d.dit_config.num_attention_heads, d.vlm_config.vision_config.image_size) == \
+        (c.chunk_size, c.max_action_dim, c.dit_config.num_attention_heads, c.vlm_config.vision_config.image_size)
+
+
+@pytest.mark.parametrize("damage", ["missing", "extra", "shape"])
+def test_a_folder_that_is_not_lerobots_layout_fails_naming_the_tensor(tmp_path, damage):
+    from safetensors.torch import load_file, save_file
+
+    write_folder(tmp_path, compose(PI05_TOY))
+    path = tmp_path / "pi05" / "model.safetensors"
+    t = load_file(path)
+    name = "paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.dense.weight"
+    if damage == "missing":
+        del t[name]
+    elif damage == "extra":
+        name = "paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.weight"
+        t[name] = torch.zeros(3)
+    else:
+        t[name] = torch.zeros(3, 3)
+    save_file(t, path, metadata={"format": "pt"})
+    with pytest.raises(pi05.LayoutError, match=name.replace(".", r"\.")):
+        pi05.load_folder(tmp_path / "pi05")
+
+
+def test_the_prompt_carries_the_normalised_binned_state_and_is_encoded_each_step(tmp_path):
+    cfg = compose(PI05_TOY)
+    write_folder(tmp_path, cfg)
+    cfg = compose(pretrained(tmp_path))
+    validate(cfg)
+    encode = Pi05Prompt(tmp_path / "paligemma", 48, tmp_path / "pi05")
+    assert encode.reads_state
+    state = np.array([-2.0, 0.0, 1.99, 5.0][:spec(cfg).proprio_dim], np.float32)
+    bins = np.digitize(state / 2.0, np.linspace(-1, 1, 257)[:-1]) - 1     # q01/q99 = -2/2
+    want = f"Task: go to the red square, State: {' '.join(map(str, bins))};\nAction: "
+    ids = encode("go to the red_square ", state)
+    n = int((ids != 0).sum())
+    assert list(ids[:n]) == [2, *encode.text_ids(want)]
+    assert bins[0] == 0 and (len(bins) < 4 or bins[3] == 256)   # -1 is bin 0; beyond q99 unclipped, as openpi
+    assert not np.array_equal(encode("go to the red square", state + 0.5), ids)
+    with pytest.raises(ConfigError, match=r"no 'q01' statistics for 'observation.state' \(a base checkpoint carries none"):
+        write_normaliser(tmp_path / "pi05", Normaliser({"observation.state": "STATE"}, {"STATE": "QUANTILES"}), "policy_preprocessor")
+        validate(cfg)
+
+
+def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
+    cfg = compose(PI05_TOY)
+    write_folder(tmp_path, cfg)
+    cfg = compose(pretrained(tmp_path))
+    sp = spec(cfg)
+    policy = make_policy(cfg, sp)
+    encode = Pi05Prompt(tmp_path / "paligemma", 48, tmp_path / "pi05")
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (3, sp.cameras, sp.image_size, sp.image_size, 3), generator=g, dtype=torch.uint8)
+    proprio = torch.randn(3, sp.proprio_dim, generator=g)
+    tokens = torch.from_numpy(np.stack([encode(t, p.numpy()) for t, p in zip(("a", "go to the red square", "lift"), proprio)]))
+    noise = torch.randn(3, *sp.sample.noise_shape, generator=g)
+    sample, logp, value = policy.act(images, proprio, tokens, noise)
+    one = policy.act(images[1:2], proprio[1:2], tokens[1:2], noise[1:2])
+    assert torch.allclose(one[0], sample[1:2], atol=1e-5), "a sample depends on its batch"
+    lp, ent, v = policy.evaluate(images, proprio, tokens, sample)
+    assert torch.allclose(lp, logp, atol=1e-4) and torch.allclose(v, value, atol=1e-5)
+    (lp.sum() + v.sum()).backward()
+    grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert {"model.time_mlp_in.weight", "model.model.dit.layers.0.input_layernorm.dense.weight",
+            "model.model.vlm.language_model.layers.0.mlp.up_proj.weight", "log_std", "value_head.weight"} <= grads
+    with torch.no_grad():
+        cache, mask, _ = policy._prefix(images, proprio, tokens)
+        x = noise[:, 0]
+        x = torch.nn.functional.pad(x, (0, policy.model.config.max_action_dim - sp.action_dim))
+        length = cache.get_seq_length()
+        v1 = policy.model.velocity(cache, mask, x, torch.full((3,), 0.9))
+        cache.crop(length - cache.get_seq_length())
+        v2 = policy.model.velocity(cache, mask, x, torch.full((3,), 0.2))
+    assert not torch.allclose(v1, v2, atol=1e-4), "the velocity does not depend on t: the adaRMS condition is not used"
+
+
+@needs_mpi
+@pytest.mark.slow
+def test_a_pretrained_pi05_trains_through_the_engine_with_matching_logprobs(tmp_path):
+    write_folder(tmp_path, compose(PI05_TOY))
+    over = [*pretrained(tmp_path), "mode=async", "algo.max_versions=2", "algo.check_logprobs=true"]
+    proc, run = run_engine(tmp_path, over, timeout=400)
+    assert_ok(proc)
+    assert summary(run)["versions"] == 2
+    diffs = [rec["v"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "logp_diff_max"]
+    assert diffs and max(diffs) <= 1e-3, diffs
+    print(f"pretrained pi05: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
