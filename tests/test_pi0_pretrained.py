@@ -61,6 +61,34 @@ def test_prompt_state_and_actions_follow_the_folder(tmp_path):
         validate(compose(over[:-1]))
 
 
+# transformers' PI0 names -> LeRobot's (lerobot/pi0: the VLM's lm_head holds the input embedding,
+# SigLIP under vision_model, the robot heads at the top; LeRobot's loader may add "model.")
+LEROBOT = [("model.vlm.vision_tower.", "paligemma_with_expert.paligemma.model.vision_tower.vision_model."),
+           ("model.vlm.language_model.embed_tokens.", "paligemma_with_expert.paligemma.lm_head."),
+           ("model.dit.embed_tokens.", "paligemma_with_expert.gemma_expert.lm_head."),
+           ("model.vlm.", "paligemma_with_expert.paligemma.model."),
+           ("model.dit.", "paligemma_with_expert.gemma_expert.model."), ("embed_action_time.", "")]
+
+
+def lerobot_name(name: str) -> str:
+    return next((theirs + name[len(ours):] for ours, theirs in LEROBOT if name.startswith(ours)), name)
+
+
+@pytest.mark.parametrize("prefix", ["", "model."])
+def test_lerobots_tensor_names_load_exactly(tmp_path, prefix):
+    from safetensors.torch import save_file
+
+    cfg = compose(PI0_TOY)
+    model = make_policy(cfg, spec(cfg)).model
+    model.save_pretrained(tmp_path)
+    names = {prefix + lerobot_name(k): v.contiguous() for k, v in model.state_dict().items()}
+    assert f"{prefix}paligemma_with_expert.paligemma.lm_head.weight" in names and f"{prefix}state_proj.weight" in names
+    save_file(names, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded = make_policy(compose([*PI0_TOY, f"policy.pretrained={tmp_path}", "policy.init_seed=7"]), spec(cfg)).model
+    ours, theirs = model.state_dict(), loaded.state_dict()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_statistics_of_another_robot_are_named(tmp_path):
     cfg = compose(PI0_TOY)
     write_folder(tmp_path, cfg)
