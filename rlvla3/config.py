@@ -124,8 +124,9 @@ class PolicyConfig:
     denoise_steps: int = 4
     """pi0: denoising steps per action chunk (each one a Gaussian transition, see flow_noise_std)."""
     flow_noise_std: float = 0.2
-    """pi0: initial std of the noise injected at each denoising step (learned per action dim,
-    kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability."""
+    """pi0/pi05: initial std of the noise injected at each denoising step (learned per action dim,
+    kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability.
+    openvla_oft: the initial std of the Gaussian around the regressed chunk (normalised units)."""
     lm_backend: str = "transformers"
     """openvla with lm=llama: the Trainer's language model, transformers | megatron (megatron-core
     GPTModel split over policy.tensor_parallel Trainer ranks; published weights are converted back
@@ -144,6 +145,10 @@ class PolicyConfig:
     """A local folder with the pretrained checkpoint's tokenizer.json when it is not in
     policy.pretrained (π0: PaliGemma's tokenizer; LeRobot's π0 folders ship none); empty: the
     checkpoint folder's own."""
+    image_crop: float = 1.0
+    """openvla/openvla_oft with pretrained: the fraction of each frame's area a centre crop keeps
+    before the resize (OpenVLA's and OFT's LIBERO fine-tunes: 0.9, as they were trained on random
+    0.9 crops); 1.0: no crop."""
     unnorm_key: str = ""
     """openvla with pretrained: the dataset in the folder's norm_stats whose action statistics
     un-normalise the actions (e.g. libero_spatial_no_noops); empty: the folder's only one."""

@@ -278,16 +278,19 @@ def validate(cfg: RunConfig) -> None:
     _require(e.arm_controller == "OSC_POSE" or e.name == "robosuite", "env.arm_controller", e.arm_controller,
              f"only env.name=robosuite can change its arm controller (env.name={e.name!r})")
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
-    if not released_openvla(p):   # a released checkpoint resizes the frames to its own towers' input
-        _require(p.patch >= 1, "policy.patch", p.patch, "must be >= 1 (pixels per image patch)")
-        _require(e.image_size >= p.patch, "env.image_size", e.image_size, f"must be >= policy.patch={p.patch}")
-        _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
     _require(e.max_failed_starts >= 0, "env.max_failed_starts", e.max_failed_starts, "must be >= 0")
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
     _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
     _require(0.0 <= e.success_rate <= 1.0, "env.success_rate", e.success_rate, "must be in [0, 1]")
-    _require(p.name in ("tiny", "openvla", "pi0", "pi05", "emulated"), "policy.name", p.name,
-             "use tiny, openvla, pi0, pi05 or emulated")
+    _require(p.name in ("tiny", "openvla", "openvla_oft", "pi0", "pi05", "emulated"), "policy.name", p.name,
+             "use tiny, openvla, openvla_oft, pi0, pi05 or emulated")
+    _require(p.name != "openvla_oft" or bool(p.pretrained), "policy.pretrained", p.pretrained,
+             "policy=openvla_oft loads a released OpenVLA-OFT folder (its L1 action head has no random-init form); "
+             "for OFT-style decoding from scratch use policy=openvla policy.decoding=parallel")
+    if not released_openvla(p):   # a released checkpoint resizes the frames to its own towers' input
+        _require(p.patch >= 1, "policy.patch", p.patch, "must be >= 1 (pixels per image patch)")
+        _require(e.image_size >= p.patch, "env.image_size", e.image_size, f"must be >= policy.patch={p.patch}")
+        _require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
     _require(p.chunk >= 1, "policy.chunk", p.chunk, "must be >= 1 (actions per forward)")
     _require(p.decoding in ("parallel", "autoregressive"), "policy.decoding", p.decoding, "use parallel or autoregressive")
     _require(p.lm in ("qwen2", "llama"), "policy.lm", p.lm, "use qwen2 or llama")
@@ -303,6 +306,7 @@ def validate(cfg: RunConfig) -> None:
                  p.tensor_parallel, f"must divide policy.heads={p.heads} and 128 (the LM vocabulary is padded to a multiple of 128)")
         _require(m.placement == "disaggregated", "mode.placement", m.placement,
                  "lm_backend=megatron needs disaggregated placement (Generators run transformers)")
+    _require(0.1 <= p.image_crop <= 1.0, "policy.image_crop", p.image_crop, "keep a fraction in [0.1, 1] of the frame's area")
     _require(0.01 <= p.flow_noise_std <= 1.0, "policy.flow_noise_std", p.flow_noise_std, "use a std in [0.01, 1]")
     for name in ("infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):
         _require(getattr(p, name) >= 0, f"policy.{name}", getattr(p, name), "must be >= 0")

@@ -114,7 +114,7 @@ def test_actions_are_openvlas_bin_centres_unnormalised_with_the_gripper_in_the_e
 
 def test_a_folder_this_run_cannot_use_is_refused_before_any_rank_starts(libero_folder, tmp_path):
     toy = ["+experiment=toy", "policy=openvla", "policy.action_bins=256", "policy.instruction_len=48"]
-    with pytest.raises(ConfigError, match=r"7-D actions; this env's actions are 2-D"):
+    with pytest.raises(ConfigError, match=r"7-D action; this env's action is 2-D"):
         validate(compose([*toy, f"policy.pretrained={libero_folder}"]))
     toy_folder = tmp_path / "toy-openvla"
     prismatic.write_tiny_folder(toy_folder, {**TOY_STATS, "bridge_orig": TOY_STATS["toy"]})

@@ -44,8 +44,10 @@ BAD_DIR = ".bad"
 #   sample     family-specific: what the Trainer needs to recompute log pi(sample | obs)
 #              - token families (tiny, openvla): int32 [T, N, K*D] action token ids (chunk-major,
 #                one id per action dim; bin b of `action_bins` maps to 2b/(bins-1) - 1)
-#              - pi0: float32 [T, N, S+1, K, D] the denoising chain x_0..x_S (x_0 = initial noise,
-#                x_S = executed chunk before clipping); log pi = sum over the S Gaussian steps
+#              - pi0, pi05: float32 [T, N, S+1, K, D] the denoising chain x_0..x_S (x_0 = initial
+#                noise, x_S = executed chunk before clipping); log pi = sum over the S Gaussian steps
+#              - openvla_oft: float32 [T, N, K, D] the chunk in the checkpoint's normalised action
+#                space (before un-normalisation); log pi = sum of K*D Gaussian terms
 #   actions    float32 [T, N, K, D]           env actions of the chunk, in [-1, 1]
 #   logprobs   float32 [T, N]                 log pi_behav(sample | obs) at the Generator
 #   values     float32 [T, N]                 V(obs) at the Generator

@@ -26,13 +26,16 @@ def make_policy(cfg, spec):
     if name == "openvla":
         from .openvla import OpenVLA
         return OpenVLA(cfg.policy, spec)
+    if name == "openvla_oft":
+        from .openvla_oft import ReleasedOFT
+        return ReleasedOFT(cfg.policy, spec)
     if name == "pi0":
         from .pi0 import Pi0Flow
         return Pi0Flow(cfg.policy, spec)
     if name == "pi05":
         from .pi05 import Pi05Flow
         return Pi05Flow(cfg.policy, spec)
-    raise ValueError(f"policy.name={name!r} has no torch model; use tiny, openvla, pi0 or pi05")
+    raise ValueError(f"policy.name={name!r} has no torch model; use tiny, openvla, openvla_oft, pi0 or pi05")
 
 
 def make_actor(cfg, spec):

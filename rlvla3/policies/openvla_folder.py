@@ -29,22 +29,40 @@ def read_config(folder: str | Path) -> dict:
     return cfg
 
 
-def action_stats(cfg: dict, unnorm_key: str, action_dim: int, where: str = "") -> dict:
-    """The action statistics that un-normalise this run's actions: `norm_stats[unnorm_key]` (or
-    the folder's only dataset when unnorm_key is empty), with `action_dim` dims."""
-    stats = cfg.get("norm_stats") or {}
+def norm_stats(folder: str | Path, cfg: dict) -> dict:
+    """The folder's dataset statistics: `dataset_statistics.json` (what the released evaluation
+    scripts read; an OFT fine-tune's config.json may keep the base model's) or config.json's."""
+    path = Path(folder) / "dataset_statistics.json"
+    return json.loads(path.read_text()) if path.is_file() else (cfg.get("norm_stats") or {})
+
+
+def dataset_entry(stats: dict, unnorm_key: str, where: str = "") -> tuple[str, dict]:
+    """(key, statistics) of `unnorm_key`, or of the folder's only dataset when it is empty."""
     if not unnorm_key:
         if len(stats) != 1:
-            raise ValueError(f"{where}config.json has norm_stats for {sorted(stats)}: set policy.unnorm_key to the dataset "
+            raise ValueError(f"{where}norm_stats for {sorted(stats)}: set policy.unnorm_key to the dataset "
                              "whose action statistics this env's actions follow")
         unnorm_key = next(iter(stats))
     if unnorm_key not in stats or "action" not in stats[unnorm_key]:
         raise ValueError(f"policy.unnorm_key={unnorm_key!r} is not among the folder's norm_stats {sorted(stats)}")
-    action = stats[unnorm_key]["action"]
-    if len(action["q01"]) != action_dim:
-        raise ValueError(f"norm_stats[{unnorm_key!r}] has {len(action['q01'])}-D actions; this env's actions are "
-                         f"{action_dim}-D: pick a checkpoint (or policy.unnorm_key) trained on this robot's action space")
-    return {"q01": action["q01"], "q99": action["q99"], "mask": action.get("mask", [True] * action_dim)}
+    return unnorm_key, stats[unnorm_key]
+
+
+def bounds(entry: dict, part: str, key: str, dim: int) -> dict:
+    """q01/q99 and the mask of the dims they apply to, of `part` (action or proprio), with `dim` dims."""
+    if part not in entry:
+        raise ValueError(f"norm_stats[{key!r}] has no {part!r} statistics (it has {sorted(entry)})")
+    st = entry[part]
+    if len(st["q01"]) != dim:
+        raise ValueError(f"norm_stats[{key!r}] has {len(st['q01'])}-D {part}; this env's {part} is {dim}-D: pick a "
+                         f"checkpoint (or policy.unnorm_key) trained on this robot's {part} layout")
+    return {"q01": st["q01"], "q99": st["q99"], "mask": st.get("mask", [True] * dim)}
+
+
+def action_stats(stats: dict, unnorm_key: str, action_dim: int, where: str = "") -> dict:
+    """The action statistics that un-normalise this run's actions."""
+    key, entry = dataset_entry(stats, unnorm_key, where)
+    return bounds(entry, "action", key, action_dim)
 
 
 def check(pcfg, action_dim: int) -> None:
@@ -57,7 +75,7 @@ def check(pcfg, action_dim: int) -> None:
                                     f"{', '.join(FILES)}, tokenizer.json and model*.safetensors)")
     load_tokenizer(tokenizer_folder(pcfg))
     cfg = read_config(folder)
-    action_stats(cfg, pcfg.unnorm_key, action_dim, f"{folder}/")
-    if cfg.get("n_action_bins", 256) != pcfg.action_bins:
+    action_stats(norm_stats(folder, cfg), pcfg.unnorm_key, action_dim, f"{folder}: ")
+    if pcfg.name == "openvla" and cfg.get("n_action_bins", 256) != pcfg.action_bins:   # OFT's head needs no bins
         raise ValueError(f"policy.action_bins={pcfg.action_bins}, but {folder}/config.json has n_action_bins="
                          f"{cfg.get('n_action_bins')}: set policy.action_bins={cfg.get('n_action_bins')}")

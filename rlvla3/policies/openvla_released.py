@@ -37,8 +37,8 @@ class ReleasedOpenVLA(OpenVLA):
         folder = Path(pcfg.pretrained)
         openvla_folder.check(pcfg, spec.action_dim)
         self.vla, cfg = prismatic.load_folder(folder)
-        self.pre = prismatic.read_preprocessor(folder)
-        self.stats = openvla_folder.action_stats(cfg, pcfg.unnorm_key, spec.action_dim)
+        self.pre, self.crop = prismatic.read_preprocessor(folder), pcfg.image_crop
+        self.stats = openvla_folder.action_stats(openvla_folder.norm_stats(folder, cfg), pcfg.unnorm_key, spec.action_dim)
         self.action_bins, self.action_dim, self.chunk = pcfg.action_bins, spec.action_dim, spec.chunk
         self.n_act = spec.chunk * spec.action_dim
         self.autoregressive = pcfg.decoding == "autoregressive"
@@ -53,7 +53,7 @@ class ReleasedOpenVLA(OpenVLA):
     def _prefix(self, images, proprio, tokens):
         """[BOS | every camera's projected patches | the rest of the prompt], mask [n, S]."""
         n = images.shape[0]
-        patches = self.vla.patch_features(prismatic.pixels(images.flatten(0, 1), self.pre))
+        patches = self.vla.patch_features(prismatic.pixels(images.flatten(0, 1), self.pre, self.crop))
         patches = patches.reshape(n, -1, patches.shape[-1])   # cameras in env.cameras order
         words = self.lm.get_input_embeddings()(tokens.long())
         emb = torch.cat([words[:, :1], patches.to(words.dtype), words[:, 1:]], 1)

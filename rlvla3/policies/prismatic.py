@@ -353,10 +353,16 @@ def read_preprocessor(folder: Path) -> dict:
     return pre
 
 
-def pixels(images: torch.Tensor, pre: dict) -> torch.Tensor:
+def pixels(images: torch.Tensor, pre: dict, crop: float = 1.0) -> torch.Tensor:
     """uint8 images [n, H, W, 3] (already in the orientation the checkpoint was trained on, e.g.
-    LIBERO's 180-degree turn) -> [n, 3 * towers, h, w]: each tower's resize and normalisation."""
+    LIBERO's 180-degree turn) -> [n, 3 * towers, h, w]: a centre crop keeping `crop` of the area
+    (the LIBERO fine-tunes trained on random 0.9 crops and are evaluated on the centre one), then
+    each tower's resize and normalisation."""
     x = images.permute(0, 3, 1, 2).float().div(255.0)
+    if crop < 1.0:
+        h, w = (round(d * crop ** 0.5) for d in x.shape[-2:])
+        top, left = (x.shape[-2] - h) // 2, (x.shape[-1] - w) // 2
+        x = x[..., top:top + h, left:left + w]
     out = []
     for (_, h, w), mean, std in zip(pre["input_sizes"], pre["means"], pre["stds"]):
         y = nn.functional.interpolate(x, size=(h, w), mode="bicubic", align_corners=False, antialias=True).clamp(0, 1)

@@ -133,9 +133,9 @@ class Pi05Prompt(CheckpointPrompt):
 
 
 def is_released_openvla(pcfg) -> bool:
-    """policy=openvla with policy.pretrained: a released OpenVLA folder (the only layout the
-    family loads)."""
-    return pcfg.name == "openvla" and bool(pcfg.pretrained)
+    """policy=openvla or openvla_oft with policy.pretrained: a released OpenVLA (or OFT) folder,
+    the only layout these families load."""
+    return pcfg.name in ("openvla", "openvla_oft") and bool(pcfg.pretrained)
 
 
 def instruction_encoder(pcfg) -> Encoder:

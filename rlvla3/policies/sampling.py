@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Families whose action is a flow-matching denoising chain; every other family samples tokens.
+# Families whose action is a flow-matching denoising chain, families that draw one Gaussian
+# action chunk around a regressed mean; every other family samples tokens.
 CHAIN_FAMILIES = ("pi0", "pi05")
+GAUSSIAN_FAMILIES = ("openvla_oft",)
 
 
 @dataclass(frozen=True)
@@ -18,9 +20,12 @@ class SampleLayout:
     - token families (tiny, openvla, emulated): action token ids int32 [K*D] (chunk-major), drawn
       by Gumbel-max from uniform noise [K*D, bins];
     - chain families (pi0, pi05): the denoising chain float32 [S+1, K, D] (x_0 = initial noise, x_S =
-      the executed chunk), drawn from standard-normal noise of the same shape.
+      the executed chunk), drawn from standard-normal noise of the same shape;
+    - Gaussian families (openvla_oft): the chunk float32 [K, D] in the checkpoint's normalised
+      action space, mean + sigma * standard-normal noise of the same shape.
     A Generator draws the noise per request (seeded), so a sample never depends on its batch."""
 
+    kind: str             # tokens | chain | gaussian
     chunk: int
     action_dim: int
     shape: tuple[int, ...]
@@ -33,8 +38,10 @@ def sample_layout(pcfg, action_dim: int) -> SampleLayout:
     k = pcfg.chunk
     if pcfg.name in CHAIN_FAMILIES:
         shape = (pcfg.denoise_steps + 1, k, action_dim)
-        return SampleLayout(k, action_dim, shape, "float32", shape, "normal")
-    return SampleLayout(k, action_dim, (k * action_dim,), "int32", (k * action_dim, pcfg.action_bins), "uniform")
+        return SampleLayout("chain", k, action_dim, shape, "float32", shape, "normal")
+    if pcfg.name in GAUSSIAN_FAMILIES:
+        return SampleLayout("gaussian", k, action_dim, (k, action_dim), "float32", (k, action_dim), "normal")
+    return SampleLayout("tokens", k, action_dim, (k * action_dim,), "int32", (k * action_dim, pcfg.action_bins), "uniform")
 
 
 def tokens_to_actions(tokens: np.ndarray, bins: int, chunk: int, action_dim: int) -> np.ndarray:
