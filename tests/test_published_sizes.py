@@ -31,3 +31,16 @@ def test_pi05_published_configuration_is_lerobots_812_tensors_and_3_6_billion_pa
     assert not any("state_proj" in n or "action_time_mlp" in n for n in names)
     assert names["paligemma_with_expert.paligemma.lm_head.weight"] == (257152, 2048)
     assert not any(n.endswith("embed_tokens.weight") for n in names)   # the file keeps the lm_heads only
+
+
+def test_openvla_oft_modules_at_the_published_size():
+    """OFT's LIBERO head (MLP-ResNet over 7 x 4096 hidden states) and proprio projector (8 -> 4096)."""
+    import torch
+
+    from rlvla3.policies.openvla_oft import ActionHead, ProprioProjector
+
+    with torch.device("meta"):
+        head, proj = ActionHead(4096, 7), ProprioProjector(4096, 8)
+    assert sum(p.numel() for p in head.parameters()) == 151_117_831
+    assert sum(p.numel() for p in proj.parameters()) == 16_818_176
+    assert head.model.fc1.weight.shape == (4096, 28672) and head.model.fc2.weight.shape == (7, 4096)

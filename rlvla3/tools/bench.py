@@ -166,6 +166,7 @@ def weights_bench(a) -> int:
 
 # Policy families as a user selects them (conf/policy/*.yaml), on the env of the overrides.
 RELEASED = "policy.pretrained={released}"
+RELEASED_OFT = "policy.pretrained={released_oft}"
 FAMILIES = {
     "tiny": ["policy=tiny"],
     "tiny_chunk4": ["policy=tiny", "policy.chunk=4"],
@@ -177,21 +178,27 @@ FAMILIES = {
     # a released OpenVLA folder (a tiny one in the published layout, written for the run)
     "openvla_released": ["policy=openvla", "policy.decoding=autoregressive", RELEASED],
     "openvla_released_oft_chunk8": ["policy=openvla", "policy.chunk=8", RELEASED],
+    "openvla_oft_l1_chunk8": ["policy=openvla_oft", "policy.chunk=8", RELEASED_OFT],
 }
 
 
-def tiny_released_folder(cfg) -> str:
-    """A tiny OpenVLA folder in the released layout whose action statistics fit the env of `cfg`
-    (the last dim is the gripper, left un-normalised as in OpenVLA's datasets)."""
+def tiny_released_folder(cfg, oft: bool = False) -> str:
+    """A tiny OpenVLA (or OpenVLA-OFT) folder in the released layout whose statistics fit the env
+    of `cfg` (the last action dim is the gripper, left un-normalised as in OpenVLA's datasets)."""
     import tempfile
 
     from ..envs import env_dims
-    from ..policies import prismatic
+    from ..policies import openvla_oft, prismatic
 
-    d = env_dims(cfg).action_dim
-    stats = {"bench": {"action": {"q01": [-1.0] * d, "q99": [1.0] * d, "mask": [True] * (d - 1) + [False]}}}
+    dims = env_dims(cfg)
+    d, p = dims.action_dim, dims.proprio_dim
+    stats = {"bench": {"action": {"q01": [-1.0] * d, "q99": [1.0] * d, "mask": [True] * (d - 1) + [False]},
+                       "proprio": {"q01": [-1.0] * p, "q99": [1.0] * p}}}
     folder = tempfile.mkdtemp(prefix="openvla-released-")
-    prismatic.write_tiny_folder(folder, stats)
+    if oft:
+        openvla_oft.write_tiny_folder(folder, stats, d, p)
+    else:
+        prismatic.write_tiny_folder(folder, stats)
     return folder
 
 
@@ -209,10 +216,12 @@ def families_bench(a) -> int:
     torch.set_num_threads(1)
     names = a.families.split(",") if a.families else list(FAMILIES)
     rows = []
-    released = tiny_released_folder(compose(a.overrides)) if any(RELEASED in FAMILIES[n] for n in names) else ""
+    folders = {"released": RELEASED, "released_oft": RELEASED_OFT}
+    folders = {k: tiny_released_folder(compose(a.overrides), k == "released_oft") if any(o in FAMILIES[n] for n in names) else ""
+               for k, o in folders.items()}
     print(f"{'family':28s} {'params':>9s} {'batch':>5s} {'act ms':>8s} {'train ms':>9s} {'act samples/s':>13s}")
     for name in names:
-        cfg = compose([*a.overrides, *(o.format(released=released) for o in FAMILIES[name])])
+        cfg = compose([*a.overrides, *(o.format(**folders) for o in FAMILIES[name])])
         sp = spec(cfg)
         device = pick_device(cfg.policy.device)
         policy = make_policy(cfg, sp).to(device)
