@@ -14,6 +14,9 @@ needs_mpi = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec 
 
 # Small, fast settings for engine tests on the toy env.
 TOY = ["+experiment=toy", "algo.max_versions=3", "runtime.tensorboard=false", "runtime.liveness_timeout=20"]
+# Two async versions with the Trainer recomputing the fresh rows' log-probs; one epoch: the check
+# needs rows, not learning.
+LOGP_CHECK = ["mode=async", "algo.max_versions=2", "algo.check_logprobs=true", "algo.update_epochs=1"]
 # The emulated engine at in-process speed: tiny costs, 8 envs in 4 groups, 2 optimizer steps a version.
 EMULATED_FAST = ["+experiment=emulated", "env.num_envs=8", "sharding.groups_per_rank=2", "algo.segment_steps=8",
                  "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=3",

@@ -75,9 +75,9 @@ def test_engine_trains_openvla_with_a_megatron_lm_split_over_two_trainers(tmp_pa
     from rlvla3.engine.metrics import read_records
     from rlvla3.policies import make_policy
     from rlvla3.world import spec
-    from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, run_engine
+    from tests.conftest import LOGP_CHECK, TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, run_engine
 
-    over = [*TOY, "mode=async", "algo.max_versions=2", "algo.check_logprobs=true", "policy=openvla", "policy.patch=3",
+    over = [*TOY, *LOGP_CHECK, "policy=openvla", "policy.patch=3",
             "policy.lm=llama", "policy.lm_backend=megatron", "policy.tensor_parallel=2", "cluster.train_ranks=2",
             "runtime.liveness_timeout=60"]
     proc, run = run_engine(tmp_path, over, timeout=400)

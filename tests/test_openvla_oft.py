@@ -16,7 +16,7 @@ from rlvla3.engine.metrics import read_records
 from rlvla3.policies import make_policy, openvla_oft, prismatic, sample_layout
 from rlvla3.policies.prompts import OpenVLAPrompt
 from rlvla3.world import Spec, validate
-from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
+from tests.conftest import LOGP_CHECK, TOY, assert_ok, needs_mpi, run_engine, summary
 
 STATS = {"libero_spatial_no_noops": {
     "action": {"q01": [-0.8, -0.7, -0.9, -0.1, -0.2, -0.3, 0.0], "q99": [0.9, 0.8, 0.9, 0.1, 0.2, 0.3, 1.0],
@@ -134,7 +134,7 @@ def test_a_released_oft_trains_through_the_engine_with_matching_logprobs(tmp_pat
     stats = {"toy": {"action": {"q01": [-1.0] * dims.action_dim, "q99": [1.0] * dims.action_dim},
                      "proprio": {"q01": [-1.0] * dims.proprio_dim, "q99": [1.0] * dims.proprio_dim}}}
     openvla_oft.write_tiny_folder(tmp_path / "oft", stats, dims.action_dim, dims.proprio_dim)
-    over = [*TOY, "mode=async", "algo.max_versions=2", "algo.check_logprobs=true", "policy=openvla_oft",
+    over = [*TOY, *LOGP_CHECK, "policy=openvla_oft",
             f"policy.pretrained={tmp_path / 'oft'}", "policy.chunk=2", "policy.instruction_len=32", "policy.image_crop=1.0"]
     proc, run = run_engine(tmp_path, over, timeout=400)
     assert_ok(proc)

@@ -15,7 +15,7 @@ from rlvla3.engine.metrics import read_records
 from rlvla3.policies import make_policy, prismatic, sample_layout
 from rlvla3.policies.prompts import OpenVLAPrompt
 from rlvla3.world import Spec, validate
-from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
+from tests.conftest import LOGP_CHECK, TOY, assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
 
 LIBERO_STATS = {"libero_spatial_no_noops": {"action": {"q01": [-0.8, -0.7, -0.9, -0.1, -0.2, -0.3, 0.0],
                                                        "q99": [0.9, 0.8, 0.9, 0.1, 0.2, 0.3, 1.0],
@@ -139,7 +139,7 @@ def test_prompt_longer_than_instruction_len_names_the_setting(libero_folder):
 def test_a_released_openvla_trains_through_the_engine_with_matching_logprobs(tmp_path):
     folder = tmp_path / "openvla-toy"
     prismatic.write_tiny_folder(folder, TOY_STATS)
-    over = [*TOY, "mode=async", "algo.max_versions=2", "algo.check_logprobs=true", "policy=openvla",
+    over = [*TOY, *LOGP_CHECK, "policy=openvla",
             f"policy.pretrained={folder}", "policy.action_bins=256", "policy.instruction_len=32",
             "policy.decoding=autoregressive"]
     proc, run = run_engine(tmp_path, over, timeout=400)

@@ -16,7 +16,7 @@ from rlvla3.policies import make_policy, pi05
 from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
 from rlvla3.policies.prompts import Pi05Prompt, write_tiny_tokenizer
 from rlvla3.world import spec, validate
-from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
+from tests.conftest import LOGP_CHECK, TOY, assert_ok, needs_mpi, run_engine, summary
 
 PI05_TOY = [*TOY, "policy=pi05", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3", "policy.instruction_len=48"]
 
@@ -135,7 +135,7 @@ def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
 @pytest.mark.slow
 def test_a_pretrained_pi05_trains_through_the_engine_with_matching_logprobs(tmp_path):
     write_folder(tmp_path, compose(PI05_TOY))
-    over = [*pretrained(tmp_path), "mode=async", "algo.max_versions=2", "algo.check_logprobs=true"]
+    over = [*pretrained(tmp_path), *LOGP_CHECK]
     proc, run = run_engine(tmp_path, over, timeout=400)
     assert_ok(proc)
     assert summary(run)["versions"] == 2
