@@ -154,6 +154,7 @@ def instruction_encoder(pcfg) -> Encoder:
 TINY_CORPUS = [OPENVLA_PROMPT.format(instruction=t) for t in (
     "pick up the black bowl between the plate and the ramekin and place it on the plate",
     "open the top drawer and put the bowl inside", "lift the cube", "go to the red square", "push the puck to the goal")]
+TINY_CORPUS.append("Task: lift the cube, State: 0 1 2 3 4 5 6 7 8 9 10 64 127 128 200 255;\nAction: ")   # π0.5's prompt
 
 
 # The special tokens at the head of each vocabulary: Llama-2's (OpenVLA) and PaliGemma's (π0).
