@@ -219,7 +219,7 @@ def _validate_pretrained(cfg: RunConfig) -> None:
                  "a released OpenVLA folder trains with lm_backend=transformers")
     try:
         if released_openvla(p):
-            openvla_folder.check(p, env_dims(cfg).action_dim)
+            openvla_folder.check(p, env_dims(cfg).action_dim, env_dims(cfg).proprio_dim)
         elif p.name in ("pi0", "pi05"):
             instruction_encoder(p)   # its tokenizer (and π0.5's state statistics) load
     except (OSError, ValueError, KeyError) as e:

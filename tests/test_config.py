@@ -65,8 +65,13 @@ PAIRED = {"env=toy": "+experiment=toy", "policy=tiny_toy": "+experiment=toy", "a
 
 @pytest.mark.parametrize("choice", [f"{p.parent.name}={p.stem}" for p in sorted(CONF_DIR.glob("*/*.yaml"))
                                     if p.parent.name not in ("experiment", "profile")])  # profile/: planner inputs, not run config
-def test_every_config_file_composes_and_validates(choice):
-    derive(compose([PAIRED.get(choice, choice)]))
+def test_every_config_file_composes_and_validates(choice, tmp_path):
+    over = [PAIRED.get(choice, choice)]
+    if choice == "policy=openvla_oft":   # it needs the user's released folder: a tiny one in the released layout
+        from rlvla3.tools.bench import tiny_released_folder
+
+        over.append(f"policy.pretrained={tiny_released_folder(compose(over), oft=True, folder=str(tmp_path / 'oft'))}")
+    derive(compose(over))
 
 
 @pytest.mark.parametrize("name", [p.stem for p in sorted((CONF_DIR / "experiment").glob("*.yaml"))])

@@ -120,9 +120,17 @@ def test_actions_are_unnormalised_with_the_gripper_in_the_envs_sign(folder):
     assert a[0, 0, 6] == -1.0 and a[1, 0, 6] == 1.0   # 0.9 (open in RLDS) -> -1; 0.2 -> +1 (closed)
 
 
-def test_openvla_oft_needs_a_released_folder():
+def test_openvla_oft_needs_a_released_folder_with_its_modules(folder, tmp_path):
     with pytest.raises(ConfigError, match=r"policy=openvla_oft loads a released OpenVLA-OFT folder"):
         validate(compose(["+experiment=toy", "policy=openvla_oft"]))
+    libero = ["env=libero", "policy=openvla_oft"]
+    validate(compose([*libero, f"policy.pretrained={folder}"]))
+    with pytest.raises(ConfigError, match=r"8-D proprio; this env's proprio is 9-D"):   # robosuite's state is not LIBERO's
+        validate(compose(["policy=openvla_oft", f"policy.pretrained={folder}"]))
+    plain = tmp_path / "plain"
+    prismatic.write_tiny_folder(plain, STATS)
+    with pytest.raises(ConfigError, match=r"no single action_head--<step>_checkpoint.pt"):
+        validate(compose([*libero, f"policy.pretrained={plain}"]))
 
 
 @needs_mpi

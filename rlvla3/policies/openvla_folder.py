@@ -65,9 +65,12 @@ def action_stats(stats: dict, unnorm_key: str, action_dim: int, where: str = "")
     return bounds(entry, "action", key, action_dim)
 
 
-def check(pcfg, action_dim: int) -> None:
-    """policy.pretrained is a released OpenVLA folder this run can use; raises ValueError naming
-    the file or value that is not."""
+OFT_MODULES = ("action_head", "proprio_projector")   # <name>--<step>_checkpoint.pt beside an OFT folder's weights
+
+
+def check(pcfg, action_dim: int, proprio_dim: int) -> None:
+    """policy.pretrained is a released OpenVLA (openvla_oft: OpenVLA-OFT) folder this run can use;
+    raises ValueError naming the file or value that is not."""
     folder = Path(pcfg.pretrained)
     for name in FILES:
         if not (folder / name).is_file():
@@ -75,7 +78,15 @@ def check(pcfg, action_dim: int) -> None:
                                     f"{', '.join(FILES)}, tokenizer.json and model*.safetensors)")
     load_tokenizer(tokenizer_folder(pcfg))
     cfg = read_config(folder)
-    action_stats(norm_stats(folder, cfg), pcfg.unnorm_key, action_dim, f"{folder}: ")
+    stats = norm_stats(folder, cfg)
+    action_stats(stats, pcfg.unnorm_key, action_dim, f"{folder}: ")
+    if pcfg.name == "openvla_oft":
+        for name in OFT_MODULES:
+            if len(list(folder.glob(f"{name}--*_checkpoint.pt"))) != 1:
+                raise FileNotFoundError(f"policy.pretrained={folder}: no single {name}--<step>_checkpoint.pt "
+                                        "(a released OpenVLA-OFT folder has its action head and proprio projector)")
+        key, entry = dataset_entry(stats, pcfg.unnorm_key)
+        bounds(entry, "proprio", key, proprio_dim)
     if pcfg.name == "openvla" and cfg.get("n_action_bins", 256) != pcfg.action_bins:   # OFT's head needs no bins
         raise ValueError(f"policy.action_bins={pcfg.action_bins}, but {folder}/config.json has n_action_bins="
                          f"{cfg.get('n_action_bins')}: set policy.action_bins={cfg.get('n_action_bins')}")

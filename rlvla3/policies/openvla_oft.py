@@ -106,7 +106,7 @@ class ReleasedOFT(Policy):
         super().__init__()
         torch.manual_seed(pcfg.init_seed)
         folder = Path(pcfg.pretrained)
-        openvla_folder.check(pcfg, spec.action_dim)
+        openvla_folder.check(pcfg, spec.action_dim, spec.proprio_dim)
         self.vla, cfg = prismatic.load_folder(folder)
         self.pre, self.crop = prismatic.read_preprocessor(folder), pcfg.image_crop
         d = self.vla.lm.config.hidden_size

@@ -35,7 +35,7 @@ class ReleasedOpenVLA(OpenVLA):
         TokenPolicy.__init__(self)   # the modules come from the folder, not from `policy` sizes
         torch.manual_seed(pcfg.init_seed)
         folder = Path(pcfg.pretrained)
-        openvla_folder.check(pcfg, spec.action_dim)
+        openvla_folder.check(pcfg, spec.action_dim, spec.proprio_dim)
         self.vla, cfg = prismatic.load_folder(folder)
         self.pre, self.crop = prismatic.read_preprocessor(folder), pcfg.image_crop
         self.stats = openvla_folder.action_stats(openvla_folder.norm_stats(folder, cfg), pcfg.unnorm_key, spec.action_dim)

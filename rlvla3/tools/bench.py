@@ -182,9 +182,10 @@ FAMILIES = {
 }
 
 
-def tiny_released_folder(cfg, oft: bool = False) -> str:
+def tiny_released_folder(cfg, oft: bool = False, folder: str = "") -> str:
     """A tiny OpenVLA (or OpenVLA-OFT) folder in the released layout whose statistics fit the env
-    of `cfg` (the last action dim is the gripper, left un-normalised as in OpenVLA's datasets)."""
+    of `cfg` (the last action dim is the gripper, left un-normalised as in OpenVLA's datasets), in
+    `folder` or a new temporary one."""
     import tempfile
 
     from ..envs import env_dims
@@ -194,7 +195,7 @@ def tiny_released_folder(cfg, oft: bool = False) -> str:
     d, p = dims.action_dim, dims.proprio_dim
     stats = {"bench": {"action": {"q01": [-1.0] * d, "q99": [1.0] * d, "mask": [True] * (d - 1) + [False]},
                        "proprio": {"q01": [-1.0] * p, "q99": [1.0] * p}}}
-    folder = tempfile.mkdtemp(prefix="openvla-released-")
+    folder = folder or tempfile.mkdtemp(prefix="openvla-released-")
     if oft:
         openvla_oft.write_tiny_folder(folder, stats, d, p)
     else:
