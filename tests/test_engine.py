@@ -24,7 +24,7 @@ pytestmark = [needs_mpi, pytest.mark.slow]
 def test_end_to_end_both_modes(tmp_path, mode):
     # Two Simulator ranks on one Generator: sync rounds must hold each rank to the others'
     # pace (a round served a fast rank's next request once, and deadlocked at a credit boundary).
-    proc, run = run_engine(tmp_path, [*TOY, f"mode={mode}", "cluster.sim_ranks=2"])
+    proc, run = run_engine(tmp_path, [*TOY, f"mode={mode}", "cluster.sim_ranks=2", "algo.update_epochs=1"])   # plumbing, not learning
     assert_ok(proc)
     s = summary(run)
     assert s["versions"] == 3 and [h["version"] for h in s["history"]] == [1, 2, 3]
@@ -39,10 +39,10 @@ def test_end_to_end_both_modes(tmp_path, mode):
 
 
 def test_colocated_sync_and_eta0_barrier(tmp_path):
-    proc, run = run_engine(tmp_path, [*TOY, "mode=sync", "mode.placement=colocated"], name="colo")
+    proc, run = run_engine(tmp_path, [*TOY, "mode=sync", "mode.placement=colocated", "algo.update_epochs=1"], name="colo")
     assert_ok(proc)
     assert summary(run)["versions"] == 3
-    proc, run = run_engine(tmp_path, [*TOY, "mode=async", "mode.eta=0"], name="eta0")
+    proc, run = run_engine(tmp_path, [*TOY, "mode=async", "mode.eta=0", "algo.update_epochs=1"], name="eta0")
     assert_ok(proc)
     for n in shards.scan(run / "shards"):
         step = shards.parse_name(n)[0]
@@ -69,7 +69,7 @@ def test_two_trainers_agree_and_match_one(tmp_path):
     """Sync mode is deterministic (per-request sampling noise, seeded envs, lockstep), so the
     1- and 2-Trainer runs see the same data; their parameters must match, and the 2 data-parallel
     ranks must hold bit-identical parameters."""
-    common = [*TOY, "mode=sync", "algo.max_versions=2"]
+    common = [*TOY, "mode=sync", "algo.max_versions=2", "algo.update_epochs=1"]
     p1, r1 = run_engine(tmp_path, common, name="one")
     p2, r2 = run_engine(tmp_path, [*common, "cluster.train_ranks=2"], name="two")
     assert_ok(p1)

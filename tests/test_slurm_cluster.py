@@ -137,7 +137,7 @@ def rank_pid(job_id: str, procid: int) -> int | None:
 
 
 def test_a_sigkilled_rank_fails_the_submission(tmp_path):
-    cfg = compose([*TOY_SLURM, "algo.max_versions=200"])
+    cfg = compose([*TOY_SLURM, "algo.max_versions=200", "algo.update_epochs=1"])   # the first checkpoint sooner
     run = tmp_path / "run"
     cfg, _ = prepare_run_dir(cfg, run)
     job = slurm.submit(cfg, run)
