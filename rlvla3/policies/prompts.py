@@ -3,8 +3,9 @@ project's hashed words for families trained from scratch, or a released checkpoi
 tokenizer and prompt template. numpy and `tokenizers` only: a Simulator rank never imports torch.
 
 An encoder is called with the instruction, and also with the env's proprio when it `reads_state`
-(π0.5 writes the state into its prompt). Ids are right-padded with 0 to `policy.instruction_len` (0 is padding for every family: the hashed
-words start at 2, and Llama's id 0 is `<unk>`, which its byte-fallback tokenizer never emits).
+(π0.5 writes the state into its prompt). Ids are right-padded with 0 to `policy.instruction_len`
+(0 is padding for every family: the hashed words start at 2, Llama's id 0 is `<unk>`, which its
+byte-fallback tokenizer never emits, and PaliGemma's is `<pad>`).
 """
 from __future__ import annotations
 
