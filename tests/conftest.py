@@ -65,3 +65,18 @@ def summary(run_dir: Path) -> dict:
 
 def assert_ok(proc) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+
+
+def run_logprob_check(tmp_path: Path, overrides: list[str], what: str, tol: float = 1e-3) -> Path:
+    """An engine run with LOGP_CHECK among its overrides: it finishes its 2 versions, and the
+    Trainer's recomputed log-probs of fresh rows are within `tol` of the Generator's. The run folder."""
+    from rlvla3.engine.metrics import read_records
+
+    proc, run = run_engine(tmp_path, overrides, timeout=400)
+    assert_ok(proc)
+    assert summary(run)["versions"] == 2
+    diffs = [rec["v"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "logp_diff_max"]
+    assert diffs, "the Trainer recomputed no fresh row's log-prob"
+    print(f"{what}: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
+    assert max(diffs) <= tol, f"{what}: Trainer vs Generator log-prob differ by up to {max(diffs):.2e}"
+    return run

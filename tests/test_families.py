@@ -8,7 +8,7 @@ import pytest
 
 from rlvla3.engine import shards
 from rlvla3.engine.metrics import read_records
-from tests.conftest import LOGP_CHECK, TOY, assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
+from tests.conftest import LOGP_CHECK, TOY, assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, run_logprob_check, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
 
@@ -26,14 +26,8 @@ FAMILIES = {
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_runs_async_and_logprobs_match(tmp_path, family):
     over = [*TOY, *LOGP_CHECK, *FAMILIES[family]]
-    proc, run = run_engine(tmp_path, over, timeout=400)
-    assert_ok(proc)
-    assert summary(run)["versions"] == 2
+    run = run_logprob_check(tmp_path, over, family, LOGP_TOL)
     check_every_shard_consumed_once(run, 2, 256)
-    diffs = [rec["v"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "logp_diff_max"]
-    assert diffs, "the Trainer recomputed no fresh row's log-prob"
-    print(f"{family}: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
-    assert max(diffs) <= LOGP_TOL, f"{family}: Trainer vs Generator log-prob differ by up to {max(diffs):.2e}"
     # The shard carries what the family needs to recompute log pi (shards.py documents it).
     a, _ = shards.read_shard(run / "shards" / shards.scan(run / "shards")[0])
     T, N = a["rewards"].shape

@@ -12,11 +12,10 @@ import torch
 
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError, PolicyConfig
-from rlvla3.engine.metrics import read_records
 from rlvla3.policies import make_policy, openvla_oft, prismatic, sample_layout
 from rlvla3.policies.prompts import OpenVLAPrompt
 from rlvla3.world import Spec, validate
-from tests.conftest import LOGP_CHECK, TOY, assert_ok, needs_mpi, run_engine, summary
+from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 
 STATS = {"libero_spatial_no_noops": {
     "action": {"q01": [-0.8, -0.7, -0.9, -0.1, -0.2, -0.3, 0.0], "q99": [0.9, 0.8, 0.9, 0.1, 0.2, 0.3, 1.0],
@@ -144,9 +143,4 @@ def test_a_released_oft_trains_through_the_engine_with_matching_logprobs(tmp_pat
     openvla_oft.write_tiny_folder(tmp_path / "oft", stats, dims.action_dim, dims.proprio_dim)
     over = [*TOY, *LOGP_CHECK, "policy=openvla_oft",
             f"policy.pretrained={tmp_path / 'oft'}", "policy.chunk=2", "policy.instruction_len=32", "policy.image_crop=1.0"]
-    proc, run = run_engine(tmp_path, over, timeout=400)
-    assert_ok(proc)
-    assert summary(run)["versions"] == 2
-    diffs = [rec["v"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "logp_diff_max"]
-    assert diffs and max(diffs) <= 1e-3, diffs
-    print(f"released openvla_oft: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
+    run_logprob_check(tmp_path, over, "released openvla_oft")

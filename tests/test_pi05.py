@@ -11,12 +11,11 @@ import torch
 
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
-from rlvla3.engine.metrics import read_records
 from rlvla3.policies import make_policy, pi05
 from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
 from rlvla3.policies.prompts import Pi05Prompt, write_tiny_tokenizer
 from rlvla3.world import spec, validate
-from tests.conftest import LOGP_CHECK, TOY, assert_ok, needs_mpi, run_engine, summary
+from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 
 PI05_TOY = [*TOY, "policy=pi05", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3", "policy.instruction_len=48"]
 
@@ -136,9 +135,4 @@ def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
 def test_a_pretrained_pi05_trains_through_the_engine_with_matching_logprobs(tmp_path):
     write_folder(tmp_path, compose(PI05_TOY))
     over = [*pretrained(tmp_path), *LOGP_CHECK]
-    proc, run = run_engine(tmp_path, over, timeout=400)
-    assert_ok(proc)
-    assert summary(run)["versions"] == 2
-    diffs = [rec["v"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "logp_diff_max"]
-    assert diffs and max(diffs) <= 1e-3, diffs
-    print(f"pretrained pi05: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
+    run_logprob_check(tmp_path, over, "pretrained pi05")

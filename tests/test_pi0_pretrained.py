@@ -11,12 +11,11 @@ import torch
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
 from rlvla3.engine import shards
-from rlvla3.engine.metrics import read_records
 from rlvla3.policies import make_policy
 from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
 from rlvla3.policies.prompts import Pi0Prompt, write_tiny_tokenizer
 from rlvla3.world import spec, validate
-from tests.conftest import LOGP_CHECK, TOY, assert_ok, needs_mpi, run_engine, summary
+from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 
 PI0_TOY = [*TOY, "policy=pi0", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3"]
 
@@ -107,12 +106,7 @@ def test_a_pretrained_pi0_trains_through_the_engine_with_matching_logprobs(tmp_p
     write_folder(tmp_path, compose(PI0_TOY))
     over = [*PI0_TOY, *LOGP_CHECK,
             f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
-    proc, run = run_engine(tmp_path, over, timeout=400)
-    assert_ok(proc)
-    assert summary(run)["versions"] == 2
-    diffs = [rec["v"] for _, _, rec in read_records(run, "scalar") if rec["n"] == "logp_diff_max"]
-    assert diffs and max(diffs) <= 1e-3, diffs
-    print(f"pretrained pi0: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
+    run = run_logprob_check(tmp_path, over, "pretrained pi0")
     # The shard keeps the chain x_0..x_3; the executed chunk is x_3 un-normalised (action mean 0.1, std 0.5).
     a, _ = shards.read_shard(run / "shards" / shards.scan(run / "shards")[0])
     T, N = a["rewards"].shape
