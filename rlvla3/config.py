@@ -152,6 +152,21 @@ class PolicyConfig:
     unnorm_key: str = ""
     """openvla with pretrained: the dataset in the folder's norm_stats whose action statistics
     un-normalise the actions (e.g. libero_spatial_no_noops); empty: the folder's only one."""
+    lora_rank: int = 32
+    """With policy.pretrained: > 0 trains rank-r LoRA adapters on every linear layer of the
+    pretrained backbone (and the family's heads in full) instead of every weight: what fits a
+    3-7 B Trainer on one 80 GB GPU (python -m rlvla3.bench memory); 0: full fine-tuning. A
+    random-init model always trains in full."""
+    lora_alpha: float = 16.0
+    """LoRA's scale numerator: the update is (lora_alpha / lora_rank) * B A (OpenVLA: 16 at rank 32)."""
+    lora_base_dtype: str = "bfloat16"
+    """lora_rank > 0: the dtype the frozen base's linear weights are kept in, on Generators and
+    Trainers alike: bfloat16 | float32."""
+    grad_checkpointing: bool = True
+    """With policy.pretrained: the Trainer recomputes each transformer layer's activations in the
+    backward pass instead of keeping them (transformers' gradient checkpointing; layers that fill
+    a KV cache, π0's and π0.5's Gemma layers, are not): activation memory per row drops to the
+    layers' inputs, for about a third more compute. A random-init model keeps its activations."""
     d_model: int = 128
     """Transformer width."""
     layers: int = 2

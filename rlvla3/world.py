@@ -217,6 +217,10 @@ def _validate_pretrained(cfg: RunConfig) -> None:
     if released_openvla(p):
         _require(p.lm_backend == "transformers", "policy.lm_backend", p.lm_backend,
                  "a released OpenVLA folder trains with lm_backend=transformers")
+    if p.lora_rank:
+        _require(p.lora_alpha > 0, "policy.lora_alpha", p.lora_alpha, "must be > 0")
+        _require(p.lora_base_dtype in ("float32", "bfloat16"), "policy.lora_base_dtype", p.lora_base_dtype,
+                 "use bfloat16 or float32")
     try:
         if released_openvla(p):
             openvla_folder.check(p, env_dims(cfg).action_dim, env_dims(cfg).proprio_dim)
@@ -306,6 +310,7 @@ def validate(cfg: RunConfig) -> None:
                  p.tensor_parallel, f"must divide policy.heads={p.heads} and 128 (the LM vocabulary is padded to a multiple of 128)")
         _require(m.placement == "disaggregated", "mode.placement", m.placement,
                  "lm_backend=megatron needs disaggregated placement (Generators run transformers)")
+    _require(p.lora_rank >= 0, "policy.lora_rank", p.lora_rank, "must be >= 0 (0: full fine-tuning)")
     _require(0.1 <= p.image_crop <= 1.0, "policy.image_crop", p.image_crop, "keep a fraction in [0.1, 1] of the frame's area")
     _require(0.01 <= p.flow_noise_std <= 1.0, "policy.flow_noise_std", p.flow_noise_std, "use a std in [0.01, 1]")
     for name in ("infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):

@@ -1,20 +1,45 @@
 """The toy env is learned, end to end: PPO in both modes (success clearly above a uniform-random
 policy within 32 versions x 256 = 8,192 env steps), and GRPO (sparse success outcome, no critic)
-on the toy without a distractor (language not needed) within 32 versions x 384 rows."""
+on the toy without a distractor (language not needed) within 32 versions x 384 rows.
+
+The three runs start together (module fixture `learning_runs`): each is CPU-bound on its own
+Trainer, and a sync run keeps one core busy at a time, so on a 2-core machine they finish in
+about 60% of the time one after another would take. Sync results do not depend on timing; the
+async runs see more staleness than alone, which they must tolerate anyway."""
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from rlvla3.cluster.compose import compose
+from rlvla3.cluster.local import run_local
 from rlvla3.envs.toy import ToyEnv
-from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
+from tests.conftest import TOY, assert_ok, needs_mpi, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
 
 VERSIONS = 32
 GRPO_VERSIONS = 32   # 24 was too few: one run of three ended at 0.42 against the 0.42 it needs
 MARGIN = 0.2  # absolute success-rate points above chance
+RUNS = {"sync": [*TOY, "mode=sync", f"algo.max_versions={VERSIONS}"],
+        "async": [*TOY, "mode=async", f"algo.max_versions={VERSIONS}"],
+        "grpo": [*TOY[1:], "+experiment=toy_grpo", "mode=async", f"algo.max_versions={GRPO_VERSIONS}"]}
+
+
+NEEDS = {"test_toy_is_learned[sync]": "sync", "test_toy_is_learned[async]": "async", "test_toy_is_learned_by_grpo": "grpo"}
+
+
+@pytest.fixture(scope="module")
+def learning_runs(request, tmp_path_factory):
+    """run name -> a future of (process, run folder), for the runs the selected tests need
+    (composed here: Hydra's compose is not thread-safe; the threads only wait on mpiexec)."""
+    wanted = {NEEDS[item.name] for item in request.session.items if item.name in NEEDS}
+    jobs = {name: (compose(RUNS[name]), tmp_path_factory.mktemp(name) / "run") for name in sorted(wanted)}
+    with ThreadPoolExecutor(max(1, len(jobs))) as pool:
+        yield {name: pool.submit(lambda cfg, run: (run_local(cfg, run, timeout=1200, capture=True), run), cfg, run)
+               for name, (cfg, run) in jobs.items()}
 
 
 def random_policy_success(cfg, episodes: int = 2000) -> float:
@@ -35,10 +60,9 @@ def success_over(history: list[dict]) -> float:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_toy_is_learned(tmp_path, mode):
-    overrides = [*TOY, f"mode={mode}", f"algo.max_versions={VERSIONS}"]
-    chance = random_policy_success(compose(overrides))
-    proc, run = run_engine(tmp_path, overrides, timeout=600)
+def test_toy_is_learned(learning_runs, mode):
+    chance = random_policy_success(compose(RUNS[mode]))
+    proc, run = learning_runs[mode].result()
     assert_ok(proc)
     hist = summary(run)["history"]
     assert len(hist) == VERSIONS
@@ -48,12 +72,11 @@ def test_toy_is_learned(tmp_path, mode):
                                     f"chance {chance:.2f} (+{MARGIN}); first 5 versions: {first:.2f}")
 
 
-def test_toy_is_learned_by_grpo(tmp_path):
+def test_toy_is_learned_by_grpo(learning_runs):
     """With one distractor (the instruction decides the goal) GRPO's sparse outcome did not lift
     success within 60 versions here; without it, it learns clearly (see the issue notes)."""
-    overrides = [*TOY[1:], "+experiment=toy_grpo", "mode=async", f"algo.max_versions={GRPO_VERSIONS}"]
-    chance = random_policy_success(compose(overrides))
-    proc, run = run_engine(tmp_path, overrides, timeout=600)
+    chance = random_policy_success(compose(RUNS["grpo"]))
+    proc, run = learning_runs["grpo"].result()
     assert_ok(proc)
     hist = summary(run)["history"]
     assert len(hist) == GRPO_VERSIONS

@@ -32,7 +32,8 @@ def folder(tmp_path_factory):
 
 
 def build(folder, chunk=2):
-    pcfg = PolicyConfig(name="openvla_oft", pretrained=str(folder), chunk=chunk, instruction_len=48, flow_noise_std=0.1)
+    pcfg = PolicyConfig(name="openvla_oft", pretrained=str(folder), chunk=chunk, instruction_len=48, flow_noise_std=0.1,
+                        lora_rank=0)   # full fine-tuning: every weight trains
     sp = Spec(2, 32, 8, 7, 48, 512, sample_layout(pcfg, 7))
 
     class Cfg:
@@ -134,13 +135,25 @@ def test_openvla_oft_needs_a_released_folder_with_its_modules(folder, tmp_path):
 
 @needs_mpi
 @pytest.mark.slow
-def test_a_released_oft_trains_through_the_engine_with_matching_logprobs(tmp_path):
+def test_a_released_oft_trains_its_lora_adapters_through_the_engine_with_matching_logprobs(tmp_path):
+    """OFT's single-GPU recipe: LoRA adapters on the backbone (its linear weights frozen in
+    bfloat16), the action head and proprio projector in full, layers recomputed in backward.
+    Generators receive the trainable parameters only; the frozen base ends the run bit for bit
+    as loaded, the adapters and heads have moved."""
     from rlvla3.world import spec
 
     dims = spec(compose(TOY))
     stats = {"toy": {"action": {"q01": [-1.0] * dims.action_dim, "q99": [1.0] * dims.action_dim},
                      "proprio": {"q01": [-1.0] * dims.proprio_dim, "q99": [1.0] * dims.proprio_dim}}}
     openvla_oft.write_tiny_folder(tmp_path / "oft", stats, dims.action_dim, dims.proprio_dim)
-    over = [*TOY, *LOGP_CHECK, "policy=openvla_oft",
-            f"policy.pretrained={tmp_path / 'oft'}", "policy.chunk=2", "policy.instruction_len=32", "policy.image_crop=1.0"]
-    run_logprob_check(tmp_path, over, "released openvla_oft")
+    over = [*TOY, *LOGP_CHECK, "policy=openvla_oft", f"policy.pretrained={tmp_path / 'oft'}", "policy.chunk=2",
+            "policy.instruction_len=32", "policy.image_crop=1.0", "policy.lora_rank=4", "policy.grad_checkpointing=true"]
+    run = run_logprob_check(tmp_path, over, "released openvla_oft, LoRA")
+    start = make_policy(compose(over), spec(compose(over))).state_dict()
+    end = torch.load(run / "ckpt" / "v000002.pt", weights_only=True)["model"]
+    assert start.keys() == end.keys()
+    base = [k for k in start if ".base_layer." in k]
+    assert base and all(start[k].dtype == torch.bfloat16 for k in base if k.endswith("weight"))
+    changed = {k for k in start if not torch.equal(start[k], end[k])}
+    assert not changed & set(base), f"frozen base weights moved: {sorted(changed & set(base))[:4]}"
+    assert any(".lora_B." in k for k in changed) and any(k.startswith("action_head.") for k in changed)

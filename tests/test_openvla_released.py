@@ -32,7 +32,7 @@ def libero_folder(tmp_path_factory):
 
 def build(folder, decoding="autoregressive", chunk=1, length=48, cams=1):
     pcfg = PolicyConfig(name="openvla", pretrained=str(folder), decoding=decoding, chunk=chunk, action_bins=256,
-                        instruction_len=length)
+                        instruction_len=length, lora_rank=0)   # full fine-tuning: every weight trains
     sp = Spec(cams, 32, 8, 7, length, 512, sample_layout(pcfg, 7))
 
     class Cfg:

@@ -101,7 +101,7 @@ def test_the_prompt_carries_the_normalised_binned_state_and_is_encoded_each_step
 def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
     cfg = compose(PI05_TOY)
     write_folder(tmp_path, cfg)
-    cfg = compose(pretrained(tmp_path))
+    cfg = compose([*pretrained(tmp_path), "policy.lora_rank=0"])   # full fine-tuning: every weight trains
     sp = spec(cfg)
     policy = make_policy(cfg, sp)
     encode = Pi05Prompt(tmp_path / "paligemma", 48, tmp_path / "pi05")

@@ -84,7 +84,8 @@ def test_lerobots_tensor_names_load_exactly(tmp_path, prefix):
     names = {prefix + lerobot_name(k): v.contiguous() for k, v in model.state_dict().items()}
     assert f"{prefix}paligemma_with_expert.paligemma.lm_head.weight" in names and f"{prefix}state_proj.weight" in names
     save_file(names, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    loaded = make_policy(compose([*PI0_TOY, f"policy.pretrained={tmp_path}", "policy.init_seed=7"]), spec(cfg)).model
+    loaded = make_policy(compose([*PI0_TOY, f"policy.pretrained={tmp_path}", "policy.init_seed=7", "policy.lora_rank=0"]),
+                         spec(cfg)).model
     ours, theirs = model.state_dict(), loaded.state_dict()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 

@@ -79,7 +79,7 @@ def test_a_folder_without_weights_or_config_is_named(tmp_path):
 
 
 def test_the_published_configuration_has_the_published_parameter_count_without_memory():
-    model = pz.published_model_on_meta()
+    model = pz.published_model()
     assert all(p.is_meta for p in model.parameters())
     counts = [sum(p.numel() for p in m.parameters()) for m in (*model.towers, model.projector, model.lm)]
     # The released folder's 7,541,237,184 tensors; transformers' DINOv2 adds a mask token and the

@@ -2,11 +2,11 @@
 published parameter count. OpenVLA-7B: tests/test_prismatic.py (the released folder's layout)."""
 from __future__ import annotations
 
-from rlvla3.policies.pi0 import published_pi0_on_meta
+from rlvla3.policies.pi0 import published_pi0
 
 
 def test_pi0_published_configuration_is_3_5_billion_parameters_without_memory():
-    model = published_pi0_on_meta()
+    model = published_pi0()
     assert all(p.is_meta for p in model.parameters())
     n = sum(p.numel() for p in model.parameters())
     assert 3.3e9 <= n <= 3.6e9, f"pi0 at its published configuration: {n:,} parameters (published: 3.3-3.5 B)"
@@ -17,9 +17,9 @@ def test_pi0_published_configuration_is_3_5_billion_parameters_without_memory():
 
 def test_pi05_published_configuration_is_lerobots_812_tensors_and_3_6_billion_parameters():
     """docs/layouts/pi05-base.md counted lerobot/pi05_base from LeRobot's own module tree."""
-    from rlvla3.policies.pi05 import PUBLISHED_PARAMS, lerobot_name, published_pi05_on_meta
+    from rlvla3.policies.pi05 import PUBLISHED_PARAMS, lerobot_name, published_pi05
 
-    model = published_pi05_on_meta()
+    model = published_pi05()
     assert all(p.is_meta for p in model.parameters())
     assert sum(p.numel() for p in model.parameters()) == PUBLISHED_PARAMS == 3_616_757_520
     names = {lerobot_name(k): v.shape for k, v in model.state_dict().items()}

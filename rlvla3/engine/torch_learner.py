@@ -21,6 +21,7 @@ import torch
 from ..algo import decoupled_ppo_loss, gae, grpo_advantages, lr_at, vtrace
 from ..policies import make_policy
 from ..policies.base import flat_params, pick_device
+from ..policies.lora import trainable
 from . import shards
 from .checkpoints import load_torch
 from .learners import LOSS_KEYS
@@ -143,9 +144,11 @@ class TorchLearner:
             self._setup_optimizer()
 
     def _setup_optimizer(self) -> None:
-        self.opt = torch.optim.Adam(self.policy.parameters(), lr=self.cfg.algo.lr, eps=1e-5)
+        # Only what trains has gradients and Adam state (policy.lora_rank > 0: adapters and heads).
+        self.params = trainable(self.policy)
+        self.opt = torch.optim.Adam(self.params, lr=self.cfg.algo.lr, eps=1e-5)
         # A Trainer may own no rows of an optimizer step; it still all-reduces (zero) gradients.
-        for p in self.policy.parameters():
+        for p in self.params:
             p.grad = torch.zeros_like(p)
         self.prox = self._snapshot()
         # The KL term's reference: the initial (or pretrained) weights, frozen.
@@ -202,7 +205,9 @@ class TorchLearner:
     def _clone(self):
         """A frozen copy of the policy (for Megatron a fresh replica: its modules hold process groups)."""
         if not self.megatron:
-            return copy.deepcopy(self.policy).eval()
+            # Frozen weights (a LoRA base) never change: the copy shares them.
+            frozen = {id(p): p for p in self.policy.parameters() if not p.requires_grad}
+            return copy.deepcopy(self.policy, memo=frozen).eval()
         twin = make_policy(self.cfg, self.spec).to(self.device)
         twin.lm = self._megatron_lm(twin.lm.state_dict())
         twin.load_state_dict(self.policy.state_dict())
@@ -276,7 +281,7 @@ class TorchLearner:
         sums[0] = count
         total = self._allreduce(sums)
         if total[0] > 0:
-            for p in self.policy.parameters():
+            for p in self.params:
                 p.grad.div_(float(total[0]))
             if self.cfg.algo.max_grad_norm > 0:
                 self._clip_grads(self.cfg.algo.max_grad_norm)
@@ -309,7 +314,7 @@ class TorchLearner:
         """Clip by the global gradient norm. With tensor parallelism a split parameter's squared
         norm is summed over its TP shards, a replicated one counted once: every TP rank then
         scales by the same factor and the replicated parameters stay identical."""
-        params = list(self.policy.parameters())
+        params = self.params
         if self.tp == 1:
             torch.nn.utils.clip_grad_norm_(params, max_norm)
             return
@@ -435,13 +440,13 @@ class TorchLearner:
             return sums
         import torch.distributed as dist
 
-        grads = [p.grad.reshape(-1) for p in self.policy.parameters()]
+        grads = [p.grad.reshape(-1) for p in self.params]
         buf = torch.cat([*grads, sums.to(grads[0].device, grads[0].dtype)])
         t0 = time.time()
         dist.all_reduce(buf, group=self._dp_group())
         self.metrics.span("comm", t0, time.time() - t0, what="allreduce", bytes=buf.numel() * buf.element_size())
         off = 0
-        for p in self.policy.parameters():
+        for p in self.params:
             p.grad.copy_(buf[off:off + p.numel()].view_as(p))
             off += p.numel()
         return buf[off:].to(torch.float64).cpu()

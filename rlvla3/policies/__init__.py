@@ -13,28 +13,68 @@ from .sampling import CHAIN_FAMILIES, SampleLayout, sample_layout, tokens_to_act
 __all__ = ["CHAIN_FAMILIES", "SampleLayout", "make_actor", "make_policy", "sample_layout", "tokens_to_actions"]
 
 
-def make_policy(cfg, spec):
+def make_policy(cfg, spec, published: bool = False):
     """The torch policy of `cfg.policy` for observations/actions of `spec` (random init, seeded,
-    or `policy.pretrained`)."""
+    or `policy.pretrained`), with its LoRA adapters and gradient checkpointing as configured.
+    published: the family's published configuration instead, random, reading no folder, on the
+    default device (under `torch.device("meta")`: policies/footprint.py; on a GPU: `bench
+    families --size published`)."""
+    policy = family(cfg, spec, published)
+    p = cfg.policy
+    if p.lora_rank and (p.pretrained or published):
+        from .lora import apply_lora
+        apply_lora(policy, p.lora_rank, p.lora_alpha, p.lora_base_dtype)
+    if p.grad_checkpointing and (p.pretrained or published):
+        checkpoint_layers(policy)
+    return policy
+
+
+def checkpoint_layers(policy) -> None:
+    """transformers' gradient checkpointing on the transformer layers of `policy`: each one is
+    recomputed in backward (in training mode, with gradients on; `act` is unchanged). Layers
+    under the family's `cache_writers` are left out: they fill a KV cache during the Trainer's
+    forward, which transformers turns off under checkpointing (a replay would write it twice)."""
+    from functools import partial
+
+    import torch.utils.checkpoint
+
+    for _, m in checkpointed_layers(policy):
+        m.gradient_checkpointing = True
+        m._gradient_checkpointing_func = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+
+
+def checkpointed_layers(policy) -> list:
+    """(name, module) of the layers policy.grad_checkpointing recomputes."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    skip = tuple(policy.cache_writers)
+    return [(name, m) for name, m in policy.named_modules()
+            if isinstance(m, GradientCheckpointingLayer) and (not skip or not name.startswith(skip))]
+
+
+def family(cfg, spec, published: bool = False):
+    """The family's model as built or loaded."""
     name = cfg.policy.name
+    if published and name not in ("openvla", "openvla_oft", "pi0", "pi05"):
+        raise ValueError(f"policy.name={name!r} has no published configuration (openvla, openvla_oft, pi0 and pi05 do)")
     if name == "tiny":
         from .tiny import TinyVLA
         return TinyVLA(cfg.policy, spec)
-    if name == "openvla" and cfg.policy.pretrained:
+    if name == "openvla" and (cfg.policy.pretrained or published):
         from .openvla_released import ReleasedOpenVLA
-        return ReleasedOpenVLA(cfg.policy, spec)
+        return ReleasedOpenVLA(cfg.policy, spec, published)
     if name == "openvla":
         from .openvla import OpenVLA
         return OpenVLA(cfg.policy, spec)
     if name == "openvla_oft":
         from .openvla_oft import ReleasedOFT
-        return ReleasedOFT(cfg.policy, spec)
+        return ReleasedOFT(cfg.policy, spec, published)
     if name == "pi0":
         from .pi0 import Pi0Flow
-        return Pi0Flow(cfg.policy, spec)
+        return Pi0Flow(cfg.policy, spec, published)
     if name == "pi05":
         from .pi05 import Pi05Flow
-        return Pi05Flow(cfg.policy, spec)
+        return Pi05Flow(cfg.policy, spec, published)
     raise ValueError(f"policy.name={name!r} has no torch model; use tiny, openvla, openvla_oft, pi0 or pi05")
 
 

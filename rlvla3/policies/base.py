@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .lora import trainable
 from .sampling import tokens_to_actions
 
 
@@ -27,6 +28,11 @@ class Policy(nn.Module):
     action_bins: int
     chunk: int
     action_dim: int
+    # Submodules trained in full under LoRA (what RL or the family adds to the pretrained
+    # backbone); the backbone's linear layers get adapters, its other weights stay frozen.
+    fully_trained: tuple[str, ...] = ("value_head",)
+    # Submodules whose transformer layers write a KV cache in `evaluate` (not checkpointed).
+    cache_writers: tuple[str, ...] = ()
 
     def act(self, images, proprio, tokens, noise):
         raise NotImplementedError
@@ -78,17 +84,19 @@ class TokenPolicy(Policy):
 
 
 def flat_params(model: nn.Module) -> np.ndarray:
-    """All parameters as one contiguous float32 numpy buffer (what travels to Generators)."""
-    return torch.nn.utils.parameters_to_vector([p.detach().float().cpu() for p in model.parameters()]).numpy()
+    """The trainable parameters (all, without LoRA) as one contiguous float32 numpy buffer: what
+    travels to Generators, which hold the same frozen weights."""
+    return torch.nn.utils.parameters_to_vector([p.detach().float().cpu() for p in trainable(model)]).numpy()
 
 
 def load_flat_params(model: nn.Module, flat: np.ndarray) -> None:
-    n = sum(p.numel() for p in model.parameters())
+    params = trainable(model)
+    n = sum(p.numel() for p in params)
     if flat.size != n:
-        raise ValueError(f"weights buffer has {flat.size} values, the model has {n} parameters")
+        raise ValueError(f"weights buffer has {flat.size} values, the model has {n} trainable parameters")
     vec = torch.from_numpy(flat)
     with torch.no_grad():
-        torch.nn.utils.vector_to_parameters(vec.to(next(model.parameters()).device), list(model.parameters()))
+        torch.nn.utils.vector_to_parameters(vec.to(params[0].device), params)
 
 
 LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "LOCAL_RANK")
@@ -126,7 +134,7 @@ class TorchActor:
     def __init__(self, policy: Policy, device_setting: str):
         self.device = pick_device(device_setting)
         self.policy = policy.to(self.device).eval()
-        self.n_params = sum(p.numel() for p in self.policy.parameters())
+        self.n_params = sum(p.numel() for p in trainable(self.policy))
 
     def load(self, flat: np.ndarray) -> None:
         load_flat_params(self.policy, flat)

@@ -59,6 +59,11 @@ def bounds(entry: dict, part: str, key: str, dim: int) -> dict:
     return {"q01": st["q01"], "q99": st["q99"], "mask": st.get("mask", [True] * dim)}
 
 
+def unit_bounds(dim: int) -> dict:
+    """Statistics that leave [-1, 1] as it is (a published configuration without its folder)."""
+    return {"q01": [-1.0] * dim, "q99": [1.0] * dim, "mask": [True] * dim}
+
+
 def action_stats(stats: dict, unnorm_key: str, action_dim: int, where: str = "") -> dict:
     """The action statistics that un-normalise this run's actions."""
     key, entry = dataset_entry(stats, unnorm_key, where)

@@ -102,15 +102,35 @@ def head_sizes(path: Path) -> tuple[int, int]:
 
 
 class ReleasedOFT(Policy):
-    def __init__(self, pcfg, spec):
+    # OFT's own LoRA recipe trains its action head and proprio projector in full.
+    fully_trained = ("value_head", "action_head", "proprio_projector")
+
+    def __init__(self, pcfg, spec, published: bool = False):
+        """published: the released configuration (openvla-7b + OFT's modules), random, no folder
+        read, on the default device (meta: the Trainer's memory footprint, policies/footprint.py)."""
         super().__init__()
         torch.manual_seed(pcfg.init_seed)
+        self.chunk, self.action_dim, self.crop = spec.chunk, spec.action_dim, pcfg.image_crop
+        if published:
+            self.vla, self.pre = prismatic.published_model(torch.get_default_device()), prismatic.PREPROCESSOR
+            d = self.vla.lm.config.hidden_size
+            self.action_head, self.proprio_projector = ActionHead(d, spec.action_dim), ProprioProjector(d, spec.proprio_dim)
+            self.stats, prop = openvla_folder.unit_bounds(spec.action_dim), openvla_folder.unit_bounds(spec.proprio_dim)
+        else:
+            self.stats, prop = self._load(pcfg, spec)
+        for name, v in (("proprio_q01", prop["q01"]), ("proprio_q99", prop["q99"])):
+            self.register_buffer(name, torch.tensor(v, dtype=torch.float32), persistent=False)
+        self.register_buffer("proprio_mask", torch.tensor(prop["mask"]), persistent=False)
+        self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
+        self.value_head = nn.Linear(self.vla.lm.config.hidden_size, 1)
+
+    def _load(self, pcfg, spec) -> tuple[dict, dict]:
+        """The released folder's model, modules and (action, proprio) statistics."""
         folder = Path(pcfg.pretrained)
         openvla_folder.check(pcfg, spec.action_dim, spec.proprio_dim)
         self.vla, cfg = prismatic.load_folder(folder)
-        self.pre, self.crop = prismatic.read_preprocessor(folder), pcfg.image_crop
+        self.pre = prismatic.read_preprocessor(folder)
         d = self.vla.lm.config.hidden_size
-        self.chunk, self.action_dim = spec.chunk, spec.action_dim
         head_file = module_file(folder, "action_head")
         if head_sizes(head_file) != (d, spec.action_dim):
             raise prismatic.LayoutError(f"{head_file}: an action head for {head_sizes(head_file)} (LLM width, action dims); "
@@ -120,13 +140,8 @@ class ReleasedOFT(Policy):
         self.proprio_projector = ProprioProjector(d, spec.proprio_dim)
         load_module(self.proprio_projector, module_file(folder, "proprio_projector"))
         key, entry = openvla_folder.dataset_entry(openvla_folder.norm_stats(folder, cfg), pcfg.unnorm_key)
-        self.stats = openvla_folder.bounds(entry, "action", key, spec.action_dim)
-        prop = openvla_folder.bounds(entry, "proprio", key, spec.proprio_dim)
-        for name, v in (("proprio_q01", prop["q01"]), ("proprio_q99", prop["q99"])):
-            self.register_buffer(name, torch.tensor(v, dtype=torch.float32), persistent=False)
-        self.register_buffer("proprio_mask", torch.tensor(prop["mask"]), persistent=False)
-        self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
-        self.value_head = nn.Linear(d, 1)
+        return (openvla_folder.bounds(entry, "action", key, spec.action_dim),
+                openvla_folder.bounds(entry, "proprio", key, spec.proprio_dim))
 
     # ------------------------------------------------------------ the forward
     def _proprio(self, proprio):

@@ -31,14 +31,22 @@ from .openvla import OpenVLA
 
 
 class ReleasedOpenVLA(OpenVLA):
-    def __init__(self, pcfg, spec):
+    fully_trained = ("value_head",)
+    def __init__(self, pcfg, spec, published: bool = False):
+        """published: openvla-7b's configuration, random, no folder read, on the default device
+        (meta: the Trainer's memory footprint, policies/footprint.py)."""
         TokenPolicy.__init__(self)   # the modules come from the folder, not from `policy` sizes
         torch.manual_seed(pcfg.init_seed)
-        folder = Path(pcfg.pretrained)
-        openvla_folder.check(pcfg, spec.action_dim, spec.proprio_dim)
-        self.vla, cfg = prismatic.load_folder(folder)
-        self.pre, self.crop = prismatic.read_preprocessor(folder), pcfg.image_crop
-        self.stats = openvla_folder.action_stats(openvla_folder.norm_stats(folder, cfg), pcfg.unnorm_key, spec.action_dim)
+        if published:
+            self.vla, self.pre = prismatic.published_model(torch.get_default_device()), prismatic.PREPROCESSOR
+            self.stats = openvla_folder.unit_bounds(spec.action_dim)
+        else:
+            folder = Path(pcfg.pretrained)
+            openvla_folder.check(pcfg, spec.action_dim, spec.proprio_dim)
+            self.vla, cfg = prismatic.load_folder(folder)
+            self.pre = prismatic.read_preprocessor(folder)
+            self.stats = openvla_folder.action_stats(openvla_folder.norm_stats(folder, cfg), pcfg.unnorm_key, spec.action_dim)
+        self.crop = pcfg.image_crop
         self.action_bins, self.action_dim, self.chunk = pcfg.action_bins, spec.action_dim, spec.chunk
         self.n_act = spec.chunk * spec.action_dim
         self.autoregressive = pcfg.decoding == "autoregressive"

@@ -53,13 +53,13 @@ def tiny_pi0_config(pcfg, spec):
         num_inference_steps=pcfg.denoise_steps)
 
 
-def published_pi0_on_meta():
-    """π0 at its published size, allocating no memory: transformers' PI0Config defaults are
-    lerobot/pi0's (PaliGemma: SigLIP So400m/14 + Gemma 2B, 18 x 2048; Gemma-300M action expert,
-    18 x 1024; chunk 50, state and action padded to 32, 10 denoising steps)."""
+def published_pi0(device: str | torch.device = "meta"):
+    """π0 at its published size, random, on `device` (meta: allocating no memory): transformers'
+    PI0Config defaults are lerobot/pi0's (PaliGemma: SigLIP So400m/14 + Gemma 2B, 18 x 2048;
+    Gemma-300M action expert, 18 x 1024; chunk 50, state and action padded to 32, 10 denoising steps)."""
     from transformers import PI0Config, PI0ForConditionalGeneration
 
-    with torch.device("meta"):
+    with torch.device(device):
         return PI0ForConditionalGeneration(PI0Config())
 
 
@@ -77,11 +77,16 @@ def folder_normaliser(folder: str, spec) -> tuple[tuple[np.ndarray, np.ndarray],
 
 
 class Pi0Flow(Policy):
-    def __init__(self, pcfg, spec):
+    # The prefix's KV cache is filled by the VLM's layers and extended by the expert's at each
+    # denoising step: policy.grad_checkpointing recomputes the vision tower only.
+    cache_writers = ("model.model.vlm.language_model", "model.model.dit")
+    def __init__(self, pcfg, spec, published: bool = False):
+        """published: the published configuration, random, no folder read, on the default device
+        (meta: the Trainer's memory footprint, policies/footprint.py)."""
         super().__init__()
         torch.manual_seed(pcfg.init_seed)
         self.chunk, self.action_dim, self.steps = spec.chunk, spec.action_dim, pcfg.denoise_steps
-        self.model = self.build(pcfg, spec)
+        self.model = self.published() if published else self.build(pcfg, spec)
         c = self.model.config
         if c.chunk_size != spec.chunk or c.max_action_dim < spec.action_dim or c.max_state_dim < spec.proprio_dim:
             raise ValueError(f"the PI0 model has chunk_size={c.chunk_size}, max_action_dim={c.max_action_dim}, "
@@ -104,6 +109,9 @@ class Pi0Flow(Policy):
         if pcfg.pretrained:
             return load_strict(PI0ForConditionalGeneration, Path(pcfg.pretrained), "PI0")
         return PI0ForConditionalGeneration(tiny_pi0_config(pcfg, spec))
+
+    def published(self):
+        return published_pi0(torch.get_default_device())
 
     def velocity(self, cache, mask, state, x, t):
         """v(x_t, t | prefix, state) [n, K, max_action_dim] (x padded to max_action_dim)."""

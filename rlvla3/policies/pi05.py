@@ -203,12 +203,12 @@ def save_folder(model: Pi05Model, folder: str | Path, tokenizer_max_length: int 
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
 
 
-def published_pi05_on_meta() -> Pi05Model:
+def published_pi05(device: str | torch.device = "meta") -> Pi05Model:
     """π0.5 at its published size (the PaliGemma 2B prefix and Gemma-300M expert π0 has: PI0Config's
-    defaults), allocating no memory."""
+    defaults), random, on `device` (meta: allocating no memory)."""
     from transformers import PI0Config
 
-    with torch.device("meta"):
+    with torch.device(device):
         return Pi05Model(PI0Config())
 
 
@@ -217,6 +217,9 @@ class Pi05Flow(Pi0Flow):
         if pcfg.pretrained:
             return load_folder(pcfg.pretrained)
         return Pi05Model(tiny_pi0_config(pcfg, spec))
+
+    def published(self):
+        return published_pi05(torch.get_default_device())
 
     def velocity(self, cache, mask, state, x, t):
         return self.model.velocity(cache, mask, x, t)   # the state is in the prompt

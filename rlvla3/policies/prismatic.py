@@ -331,9 +331,9 @@ def write_tiny_folder(folder: str | Path, norm_stats: dict, seed: int = 0) -> Pr
     return model
 
 
-def published_model_on_meta() -> Prismatic:
-    """openvla-7b's modules at their published sizes, allocating no memory."""
-    with torch.device("meta"):
+def published_model(device: str | torch.device = "meta") -> Prismatic:
+    """openvla-7b's modules at their published sizes, random, on `device` (meta: allocating no memory)."""
+    with torch.device(device):
         towers = [(spec["kind"], PUBLISHED[spec["kind"]], spec) for spec in TOWERS.values()]
         return Prismatic(towers, PUBLISHED["llama"])
 

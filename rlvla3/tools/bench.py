@@ -1,6 +1,7 @@
 """`python -m rlvla3.bench throughput [--env emulated|robosuite|toy|libero] [--ladder] [overrides...]`
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
-   `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [overrides...]`
+   `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [--size tiny|published] [overrides...]`
+   `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`   (tools/bench_memory.py)
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`   (tools/bench_faults.py)
    `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
    `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...,libero] [--episodes 10] [overrides...]`
@@ -212,21 +213,35 @@ def families_bench(a) -> int:
     from ..algo import decoupled_ppo_loss
     from ..policies import make_policy
     from ..policies.base import pick_device
+    from ..policies.lora import trainable
     from ..world import spec
 
     torch.set_num_threads(1)
-    names = a.families.split(",") if a.families else list(FAMILIES)
+    published = a.size == "published"
+    if published:
+        from .bench_memory import PUBLISHED_RUNS as runs
+    else:
+        runs = FAMILIES
+    names = a.families.split(",") if a.families else list(runs)
+    unknown = sorted(set(names) - set(runs))
+    if unknown:
+        raise SystemExit(f"--families {','.join(unknown)}: not a {a.size} family (use {','.join(runs)})")
     rows = []
     folders = {"released": RELEASED, "released_oft": RELEASED_OFT}
-    folders = {k: tiny_released_folder(compose(a.overrides), k == "released_oft") if any(o in FAMILIES[n] for n in names) else ""
+    folders = {k: tiny_released_folder(compose(a.overrides), k == "released_oft") if any(o in runs[n] for n in names) else ""
                for k, o in folders.items()}
-    print(f"{'family':28s} {'params':>9s} {'batch':>5s} {'act ms':>8s} {'train ms':>9s} {'act samples/s':>13s}")
+    print(f"{'family':28s} {'params':>9s} {'batch':>5s} {'act ms':>8s} {'train ms':>9s} {'act samples/s':>13s} {'peak GB':>8s}")
     for name in names:
-        cfg = compose([*a.overrides, *(o.format(**folders) for o in FAMILIES[name])])
+        cfg = compose([*a.overrides, *(o.format(**folders) for o in runs[name])])
         sp = spec(cfg)
         device = pick_device(cfg.policy.device)
-        policy = make_policy(cfg, sp).to(device)
-        opt = torch.optim.Adam(policy.parameters(), lr=1e-5)
+        if published and device.type != "cuda":
+            raise SystemExit(f"--size published builds {name} at its released size (3.5-7.7 B parameters): it needs a GPU "
+                             f"(policy.device={cfg.policy.device} gives {device}); on a CPU use the tiny families and "
+                             "python -m rlvla3.bench memory")
+        with torch.device(device):   # published: random weights made on the GPU, at the preset's LoRA and checkpointing
+            policy = make_policy(cfg, sp, published=published).to(device).train()
+        opt = torch.optim.Adam(trainable(policy), lr=1e-5)
         n_params = sum(p.numel() for p in policy.parameters())
         for b in (int(x) for x in a.batches.split(",")):
             rng = np.random.default_rng(0)
@@ -251,11 +266,15 @@ def families_bench(a) -> int:
                 opt.step()
                 opt.zero_grad()
 
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
             t_act, t_train = (median_seconds(f, a.repeats) for f in (act, train))
-            rows.append({"family": name, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train,
-                         "device": str(device)})
-            print(f"{name:28s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f}", flush=True)
-    save_rows(a.out, "families.json", rows)
+            peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else float("nan")
+            rows.append({"family": name, "size": a.size, "params": n_params, "batch": b, "act_s": t_act, "train_s": t_train,
+                         "peak_gb": peak, "device": str(device)})
+            print(f"{name:28s} {n_params / 1e6:8.2f}M {b:5d} {t_act * 1e3:8.1f} {t_train * 1e3:9.1f} {b / t_act:13.1f} "
+                  f"{peak:8.1f}", flush=True)
+    save_rows(a.out, "families.json" if not published else "families_published.json", rows)
     return 0
 
 
@@ -382,15 +401,19 @@ def main(argv: list[str] | None = None) -> int:
 
         return fidelity(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights", "families", "sims", "faults", "fidelity"])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity"])
     ap.add_argument("--minutes", type=float, default=10.0, help="faults: how long to inject faults")
     ap.add_argument("--seed", type=int, default=0, help="faults: the random choice of faults and moments")
     ap.add_argument("--tasks", default=",".join(t for t in SIM_TASKS if t not in LIBERO_TASKS),
                     help=f"sims: any of {', '.join(SIM_TASKS)}; libero = every LIBERO row")
     ap.add_argument("--episodes", type=int, default=10, help="sims: episodes per task")
     ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
-    ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all)")
+    ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all); "
+                                                   "memory: of openvla,openvla_oft,pi0,pi05")
+    ap.add_argument("--copies", type=int, default=1, help="memory: frozen copies of the trainable weights (π_prox, a KL reference)")
     ap.add_argument("--repeats", type=int, default=5, help="families: timed repeats per measurement (median)")
+    ap.add_argument("--size", choices=["tiny", "published"], default="tiny",
+                    help="families: tiny sizes (any device), or the released sizes as the LIBERO presets set them up (a GPU)")
     ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
     ap.add_argument("--generators", default="1,4,16", help="weights: Generator counts")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
@@ -405,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         return weights_bench(a)
     if a.what == "families":
         return families_bench(a)
+    if a.what == "memory":
+        from .bench_memory import memory_bench
+        save_rows(a.out, "memory.json", memory_bench(a))
+        return 0
     if a.what == "sims":
         return sims_bench(a)
     if a.what == "faults":

@@ -68,6 +68,7 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
 
     from ..policies import make_policy
     from ..policies.base import pick_device
+    from ..policies.lora import trainable
     from ..world import spec
     from .collect import expert_sample
 
@@ -79,7 +80,8 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     rows = {**rows, "sample": expert_sample(sp.sample, rows["actions"], cfg.policy.action_bins)}
     device = pick_device(cfg.policy.device)
     policy = make_policy(cfg, sp).to(device)
-    opt = torch.optim.Adam(policy.parameters(), lr=lr)
+    params = trainable(policy)   # a pretrained folder: its LoRA adapters and heads (policy.lora_rank)
+    opt = torch.optim.Adam(params, lr=lr)
     rng = np.random.default_rng(seed)
     t = {k: torch.from_numpy(v) for k, v in rows.items()}
     history = []
@@ -89,7 +91,7 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
         loss = policy.bc_loss(*mb).mean()
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         history.append(float(loss.detach()))
     return policy, history

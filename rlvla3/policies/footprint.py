@@ -1,0 +1,186 @@
+"""The Trainer's GPU memory for a family at its published size, measured on the meta device
+(nothing is allocated, no weights are read): `python -m rlvla3.bench memory`.
+
+- weights, gradients, Adam's two moments and the frozen copies the Trainer keeps (π_prox, and
+  the KL reference) come from the real parameters' counts and dtypes (trainable ones are
+  float32; a LoRA base is in policy.lora_base_dtype and is shared by the copies);
+- activations are the bytes autograd keeps for the backward pass of one micro-batch of
+  `evaluate` (the Trainer's forward), recorded by a saved-tensors hook over the family's real
+  forward at the published size. Attention (SDPA in every family) is counted as a GPU's fused
+  kernels keep it: q, k, v, the output, the mask and one log-sum-exp per query and head, not
+  the [q, k] probabilities the meta device's composite implementation would keep. Each
+  transformer layer's share is recorded too, so the same
+  pass also gives the figure under policy.grad_checkpointing: a checkpointed layer keeps only
+  its input hidden state, and the backward replays one layer at a time (its share comes back
+  once, at the peak).
+
+Not counted: the allocator's fragmentation, cuBLAS/attention workspaces and the transient
+buffers of the backward pass itself (plan a margin of ~10%).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+GB = 1e9
+
+
+@dataclass
+class Footprint:
+    trainable: int          # parameters with gradients and Adam state
+    frozen: int             # parameters without (a LoRA base)
+    weights: float          # bytes, all parameters in their dtypes
+    grads: float            # float32 gradient of every trainable parameter
+    adam: float             # Adam's two float32 moments per trainable parameter
+    copies: float           # π_prox / reference copies of the trainable parameters
+    activations: float      # bytes kept for backward, one micro-batch, no checkpointing
+    activations_ckpt: float  # the same under policy.grad_checkpointing
+
+    def total(self, checkpointing: bool) -> float:
+        act = self.activations_ckpt if checkpointing else self.activations
+        return self.weights + self.grads + self.adam + self.copies + act
+
+
+def published_policy(cfg, spec):
+    """The family of `cfg` at its published configuration on the meta device, with cfg's LoRA
+    but no checkpointing wrappers (the measurement accounts for them), in training mode."""
+    from . import make_policy
+
+    plain = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, grad_checkpointing=False))
+    with torch.device("meta"):
+        policy = make_policy(plain, spec, published=True)
+    return policy.to("meta").train()
+
+
+def measure(cfg, spec, micro_batch: int, copies: int) -> Footprint:
+    """The footprint of training `cfg.policy` at its published size on micro-batches of
+    `micro_batch` rows, with `copies` frozen copies of the trainable weights (π_prox: 1 in
+    async mode or for V-trace; +1 with a KL reference)."""
+    return footprint_of(published_policy(cfg, spec), spec, micro_batch, copies)
+
+
+def footprint_of(policy, spec, micro_batch: int, copies: int) -> Footprint:
+    """`measure` for a built policy (without checkpointing wrappers), on whatever device it is."""
+    from . import checkpointed_layers
+
+    params = list(policy.parameters())
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    per_layer, inputs, outside = _saved_bytes(policy, checkpointed_layers(policy), spec, micro_batch)
+    return Footprint(
+        trainable=trainable, frozen=sum(p.numel() for p in params) - trainable,
+        weights=float(sum(p.numel() * p.element_size() for p in params)),
+        grads=4.0 * trainable, adam=8.0 * trainable, copies=4.0 * trainable * copies,
+        activations=outside + sum(per_layer.values()),
+        activations_ckpt=outside + sum(inputs.values()) + max(per_layer.values(), default=0.0))
+
+
+def zero_batch(spec, n: int, device: str | torch.device = "meta") -> tuple[torch.Tensor, ...]:
+    """One micro-batch of observations and stored samples (zeros; token id 1 everywhere)."""
+    with torch.device(device):
+        images = torch.zeros(n, spec.cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
+        proprio = torch.zeros(n, spec.proprio_dim)
+        tokens = torch.ones(n, spec.instruction_len, dtype=torch.int32)
+        sample = torch.zeros(n, *spec.sample.shape, dtype=getattr(torch, spec.sample.dtype))
+    return images, proprio, tokens, sample
+
+
+class _SDPA(torch.autograd.Function):
+    """Shapes only: what a fused attention kernel (flash / memory-efficient) saves for backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask):
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(*(t for t in (q, k, v, out, lse, mask) if t is not None))
+        return out
+
+
+class FusedAttention(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            q, k, v, *rest = args
+            return _SDPA.apply(q, k, v, rest[0] if rest else kwargs.get("attn_mask"))
+        return func(*args, **kwargs)
+
+
+def _saved_bytes(policy, layers, spec, n: int) -> tuple[dict[str, float], dict[str, float], float]:
+    """Bytes saved for backward by `policy.evaluate` on n rows: per layer of `layers` (name ->
+    module), each layer's input hidden state, and the rest. A tensor is counted once (views
+    count as their base; off the meta device, tensors sharing a storage once), parameters not at all."""
+    param_ids = {id(p) for p in policy.parameters()} | {p.untyped_storage().data_ptr() for p in policy.parameters()
+                                                        if not p.is_meta}
+    seen: dict[int, torch.Tensor] = {}   # holds what it saw: a freed tensor's id could come back
+    per_layer = {name: 0.0 for name, _ in layers}
+    inputs = dict(per_layer)
+    current: list[str] = []
+    outside = 0.0
+
+    def pack(t):
+        nonlocal outside
+        base = t._base if t._base is not None else t
+        key = id(base) if base.is_meta else base.untyped_storage().data_ptr()
+        if id(base) not in param_ids and key not in param_ids and key not in seen:
+            seen[key] = base
+            size = float(base.numel() * base.element_size())
+            if current:
+                per_layer[current[-1]] += size
+            else:
+                outside += size
+        return t
+
+    def enter(name):
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs.get("hidden_states")
+            inputs[name] += float(x.numel() * x.element_size())
+            current.append(name)
+        return hook
+
+    def leave(module, args, output):
+        current.pop()   # returns None: the output stands
+
+    handles = [m.register_forward_pre_hook(enter(name), with_kwargs=True) for name, m in layers]
+    handles += [m.register_forward_hook(leave) for _, m in layers]
+    try:
+        with no_value_checks(), FusedAttention(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            # The loss on evaluate's [n]-sized outputs saves next to nothing more.
+            policy.evaluate(*zero_batch(spec, n, next(policy.parameters()).device))
+    finally:
+        for h in handles:
+            h.remove()
+    return per_layer, inputs, outside
+
+
+@contextlib.contextmanager
+def no_value_checks():
+    """Switch off the two checks on the forward path that read a tensor's values (meta tensors
+    have none): torch.distributions' argument validation, and transformers' test of whether an
+    all-ones padding mask lets SDPA skip the causal mask (taken as "no": the mask is then
+    materialised, [n, 1, S, S] booleans, an upper bound)."""
+    from transformers import masking_utils
+
+    validate, skip = torch.distributions.Distribution._validate_args, masking_utils._ignore_causal_mask_sdpa
+    torch.distributions.Distribution.set_default_validate_args(False)
+    masking_utils._ignore_causal_mask_sdpa = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(validate)
+        masking_utils._ignore_causal_mask_sdpa = skip
+
+
+def fitted(cfg, spec, copies: int) -> tuple[Footprint, float]:
+    """The footprint at micro-batch 1 and the activation bytes each further row adds (under the
+    configured checkpointing): activations grow linearly with the micro-batch."""
+    one, two = measure(cfg, spec, 1, copies), measure(cfg, spec, 2, copies)
+    ckpt = cfg.policy.grad_checkpointing
+    return one, two.total(ckpt) - one.total(ckpt)
+
+
+def largest_micro_batch(one: Footprint, per_row: float, checkpointing: bool, capacity: float,
+                        margin: float = 0.1) -> int:
+    """The largest micro-batch whose footprint stays within (1 - margin) of `capacity` bytes."""
+    return max(0, int(((1 - margin) * capacity - one.total(checkpointing)) // per_row) + 1)
