@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlvla3.engine import shards
-from rlvla3.tools.collect import expert_sample
+from rlvla3.policies.sampling import expert_sample
 from tests.conftest import needs_mpi
 
 pytestmark = [needs_mpi, pytest.mark.slow]

@@ -95,6 +95,16 @@ def test_the_forward_is_ofts_bidirectional_one_and_padding_changes_nothing(folde
     assert not torch.allclose(mean[1], causal, atol=1e-3), "the forward is causal; OFT attends bidirectionally"
 
 
+def test_expert_actions_become_the_regressed_chunk_that_maps_back_to_them(folder):
+    policy, sp = build(folder)
+    a = np.random.default_rng(0).uniform(-0.05, 0.05, (4, 2, 7)).astype(np.float32)
+    a[..., 6] = [[-1, 1], [1, 1], [-1, -1], [1, -1]]
+    x = policy.expert_sample(sp.sample, a, 256)
+    assert x.shape == (4, *sp.sample.shape) and np.abs(x).max() <= 1
+    np.testing.assert_array_equal(x[..., 6], np.where(a[..., 6] < 0, 1.0, 0.0))   # OFT's dataset: 1 open
+    np.testing.assert_allclose(policy.to_env_action(x), a, atol=1e-6)
+
+
 def test_the_gaussian_policy_acts_evaluates_and_trains(folder):
     policy, sp = build(folder)
     images, proprio, tokens, _ = observation(sp, 3, folder, (TEXT, "lift the cube", "open the drawer"))

@@ -111,6 +111,21 @@ def test_actions_are_openvlas_bin_centres_unnormalised_with_the_gripper_in_the_e
     assert torch.allclose(back, x, atol=(q99[:6] - q01[:6]).max() / 255 + 1e-6)
 
 
+def test_expert_actions_become_the_bins_that_decode_back_to_them(libero_folder):
+    """SFT's targets in the folder's units: normalised by its q01/q99 and binned, the gripper in
+    the dataset's 1 open / 0 closed (decoded: the envs' -1 / +1)."""
+    policy, sp = build(libero_folder, decoding="parallel", chunk=2)
+    rng = np.random.default_rng(0)
+    q01, q99 = (np.array(LIBERO_STATS["libero_spatial_no_noops"]["action"][k]) for k in ("q01", "q99"))
+    a = rng.uniform(q01, q99, (5, 2, 7)).astype(np.float32).clip(-1, 1)
+    a[..., 6] = rng.choice([-1.0, 1.0], (5, 2))
+    sample = policy.expert_sample(sp.sample, a, 256)
+    assert sample.shape == (5, *sp.sample.shape) and sample.dtype == np.dtype(sp.sample.dtype) and sample.max() < 256
+    back = policy.to_env_action(sample)
+    np.testing.assert_array_equal(back[..., 6], a[..., 6])
+    assert np.abs(back[..., :6] - a[..., :6]).max() <= (q99 - q01)[:6].max() / 255 + 1e-6   # within one bin
+
+
 def test_a_folder_this_run_cannot_use_is_refused_before_any_rank_starts(libero_folder, tmp_path):
     toy = ["+experiment=toy", "policy=openvla", "policy.action_bins=256", "policy.instruction_len=48"]
     with pytest.raises(ConfigError, match=r"7-D action; this env's action is 2-D"):

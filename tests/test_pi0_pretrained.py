@@ -90,6 +90,17 @@ def test_lerobots_tensor_names_load_exactly(tmp_path, prefix):
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+def test_sft_targets_are_the_actions_in_the_folders_normalised_units(tmp_path):
+    write_folder(tmp_path, compose(PI0_TOY))
+    cfg = compose([*PI0_TOY, f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"])
+    sp = spec(cfg)
+    policy = make_policy(cfg, sp)
+    a = np.random.default_rng(0).uniform(-1, 1, (3, *sp.sample.shape[1:])).astype(np.float32)
+    chain = policy.expert_sample(sp.sample, a, 0)
+    np.testing.assert_allclose(chain[:, -1], (a - 0.1) / 0.5, rtol=1e-6)   # action mean 0.1, std 0.5
+    np.testing.assert_allclose(policy.to_env_action(chain), a, atol=1e-6)
+
+
 def test_statistics_of_another_robot_are_named(tmp_path):
     cfg = compose(PI0_TOY)
     write_folder(tmp_path, cfg)

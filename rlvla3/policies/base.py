@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .lora import trainable
-from .sampling import tokens_to_actions
+from .sampling import expert_sample, tokens_to_actions
 
 
 class Policy(nn.Module):
@@ -42,6 +42,11 @@ class Policy(nn.Module):
 
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         return tokens_to_actions(sample, self.action_bins, self.chunk, self.action_dim)
+
+    def expert_sample(self, layout, actions: np.ndarray, bins: int) -> np.ndarray:
+        """Env action chunks [n, K, D] as the sample `to_env_action` maps back to them (SFT's
+        targets); a released checkpoint's family applies its own action normalisation."""
+        return expert_sample(layout, actions, bins)
 
     def bc_loss(self, images, proprio, tokens, sample, actions):
         """Behaviour cloning loss per sample [n] (SFT): -log pi(expert sample | obs)."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from .prompts import load_tokenizer, tokenizer_folder
 
 FILES = ("config.json", "preprocessor_config.json")
@@ -57,6 +59,17 @@ def bounds(entry: dict, part: str, key: str, dim: int) -> dict:
         raise ValueError(f"norm_stats[{key!r}] has {len(st['q01'])}-D {part}; this env's {part} is {dim}-D: pick a "
                          f"checkpoint (or policy.unnorm_key) trained on this robot's {part} layout")
     return {"q01": st["q01"], "q99": st["q99"], "mask": st.get("mask", [True] * dim)}
+
+
+def gripper_to_env(a: np.ndarray) -> np.ndarray:
+    """OpenVLA's LIBERO datasets' gripper (1 open, 0 closed; > 0.5 open, as its LIBERO eval
+    reads it) -> the envs' sign (-1 open, +1 closed)."""
+    return np.where(a > 0.5, -1.0, 1.0)
+
+
+def gripper_to_dataset(g: np.ndarray) -> np.ndarray:
+    """The inverse of gripper_to_env: the envs' sign -> 1 open, 0 closed."""
+    return np.where(g < 0, 1.0, 0.0)
 
 
 def unit_bounds(dim: int) -> dict:

@@ -204,8 +204,15 @@ class ReleasedOFT(Policy):
         a = np.asarray(sample, np.float32).reshape(-1, self.action_dim)
         q01, q99, mask = (np.asarray(self.stats[k], np.float32 if k != "mask" else bool) for k in ("q01", "q99", "mask"))
         a = np.where(mask, 0.5 * (a + 1) * (q99 - q01 + 1e-8) + q01, a)
-        a[:, ~mask] = np.where(a[:, ~mask] > 0.5, -1.0, 1.0)
+        a[:, ~mask] = openvla_folder.gripper_to_env(a[:, ~mask])
         return np.clip(a, -1.0, 1.0).reshape(-1, self.chunk, self.action_dim).astype(np.float32)
+
+    def expert_sample(self, layout, actions: np.ndarray, bins: int) -> np.ndarray:
+        """Env actions -> the regressed chunk's units: q01/q99-normalised, the gripper 1 open / 0 closed."""
+        a = np.asarray(actions, np.float32).reshape(-1, self.action_dim)
+        q01, q99, mask = (np.asarray(self.stats[k], np.float32 if k != "mask" else bool) for k in ("q01", "q99", "mask"))
+        x = np.where(mask, np.clip(2 * (a - q01) / (q99 - q01 + 1e-8) - 1, -1, 1), openvla_folder.gripper_to_dataset(a))
+        return x.astype(np.float32).reshape(-1, *layout.shape)
 
 
 def write_tiny_folder(folder: str | Path, norm_stats: dict, action_dim: int, proprio_dim: int, seed: int = 0) -> None:

@@ -75,5 +75,14 @@ class ReleasedOpenVLA(OpenVLA):
         tokens = prismatic.LLAMA_VOCAB - 1 - torch.from_numpy(np.asarray(sample)).long()
         a = prismatic.tokens_to_actions(tokens.reshape(-1, self.action_dim), self.stats, self.action_bins).numpy()
         gripper = ~np.asarray(self.stats["mask"], bool)
-        a[:, gripper] = np.where(a[:, gripper] > 0.5, -1.0, 1.0)
+        a[:, gripper] = openvla_folder.gripper_to_env(a[:, gripper])
         return np.clip(a, -1.0, 1.0).astype(np.float32).reshape(-1, self.chunk, self.action_dim)
+
+    def expert_sample(self, layout, actions: np.ndarray, bins: int) -> np.ndarray:
+        """Env actions -> the folder's dataset units (gripper 1 open / 0 closed) -> OpenVLA's
+        bins of the q01/q99-normalised action (bin b is LM token 31999 - b)."""
+        a = np.asarray(actions, np.float32).reshape(-1, self.action_dim).copy()
+        gripper = ~np.asarray(self.stats["mask"], bool)
+        a[:, gripper] = openvla_folder.gripper_to_dataset(a[:, gripper])
+        tokens = prismatic.actions_to_tokens(torch.from_numpy(a), self.stats, self.action_bins).numpy()
+        return (prismatic.LLAMA_VOCAB - 1 - tokens).astype(layout.dtype).reshape(-1, *layout.shape)

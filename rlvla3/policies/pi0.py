@@ -185,7 +185,8 @@ class Pi0Flow(Policy):
         """π0's own flow-matching loss per sample [n] (SFT): x_t = t*eps + (1-t)*a with t drawn as
         π0 draws it, regress v(x_t, t) on eps - a."""
         cache, mask, _ = self._prefix(images, proprio, tokens)
-        a = actions.float()
+        scale, shift = (torch.as_tensor(v, device=actions.device) for v in self.action_affine)
+        a = actions.float() * scale + shift   # the folder's normalised units (identity without statistics)
         n = a.shape[0]
         c = self.model.config
         t = torch.distributions.Beta(c.time_sampling_beta_alpha, c.time_sampling_beta_beta).sample((n,)).to(a.device)
@@ -195,6 +196,12 @@ class Pi0Flow(Policy):
         pad = (0, c.max_action_dim - self.action_dim)
         v = self.velocity(cache, mask, self._state(proprio), nn.functional.pad(x_t, pad), t)[..., :self.action_dim]
         return ((v - (eps - a)) ** 2).mean((-1, -2))
+
+    def expert_sample(self, layout, actions: np.ndarray, bins: int) -> np.ndarray:
+        """A chain ending at the actions in the folder's normalised units (x_S; SFT regresses
+        the flow on them, bc_loss)."""
+        scale, shift = self.action_affine
+        return super().expert_sample(layout, np.asarray(actions, np.float32) * scale + shift, bins)
 
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         """x_S, un-normalised (the folder's action statistics; identity without them), within the env's [-1, 1]."""

@@ -47,3 +47,18 @@ def sample_layout(pcfg, action_dim: int) -> SampleLayout:
 def tokens_to_actions(tokens: np.ndarray, bins: int, chunk: int, action_dim: int) -> np.ndarray:
     """Action token ids [n, K*D] -> env action chunks [n, K, D]: bin b -> 2b/(bins-1) - 1."""
     return (tokens.astype(np.float32) / (bins - 1) * 2.0 - 1.0).reshape(-1, chunk, action_dim)
+
+
+def expert_sample(layout, actions: np.ndarray, bins: int) -> np.ndarray:
+    """Expert action chunks [n, K, D] in [-1, 1] as a sample of `layout` with no checkpoint's own
+    normalisation (a released checkpoint's family maps them with its statistics:
+    `Policy.expert_sample`): token ids the nearest of `bins` centres, a Gaussian's mean the
+    actions, a chain ending at them."""
+    n = actions.shape[0]
+    if layout.kind == "tokens":   # token ids: the nearest of `bins` centres in [-1, 1]
+        return np.rint((np.clip(actions, -1, 1) + 1) / 2 * (bins - 1)).astype(np.int32).reshape(n, *layout.shape)
+    if layout.kind == "gaussian":
+        return actions.reshape(n, *layout.shape).astype(np.float32)
+    chain = np.zeros((n, *layout.shape), np.float32)
+    chain[:, -1] = actions.reshape(n, *layout.shape[1:])
+    return chain

@@ -23,17 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def expert_sample(layout, actions: np.ndarray, bins: int) -> np.ndarray:
-    """Expert actions [n, D] as the policy's sample [n, ...] (chunk 1)."""
-    n = actions.shape[0]
-    if layout.kind == "tokens":   # token ids: the nearest of `bins` centres in [-1, 1]
-        return np.rint((np.clip(actions, -1, 1) + 1) / 2 * (bins - 1)).astype(np.int32).reshape(n, *layout.shape)
-    if layout.kind == "gaussian":
-        return actions.reshape(n, *layout.shape).astype(np.float32)
-    chain = np.zeros((n, *layout.shape), np.float32)
-    chain[:, -1] = actions.reshape(n, *layout.shape[1:])
-    return chain
+from ..policies.sampling import expert_sample
 
 
 def quota(total: int, group, num_envs: int) -> int:

@@ -63,23 +63,23 @@ def load_demos(demos: Path, chunk: int = 1) -> dict[str, np.ndarray]:
 
 def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0):
     """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history). The
-    expert's action chunks are turned into the policy's own sample layout (token ids or a chain)."""
+    expert's action chunks are turned into the policy's own sample (token ids, a Gaussian's mean
+    or a chain) by the policy, with a released checkpoint's own action normalisation."""
     import torch
 
     from ..policies import make_policy
     from ..policies.base import pick_device
     from ..policies.lora import trainable
     from ..world import spec
-    from .collect import expert_sample
 
     torch.manual_seed(seed)
     sp = spec(cfg)
     if rows["actions"].shape[1:] != (sp.chunk, sp.action_dim):
         raise SystemExit(f"demonstrations hold actions of shape {rows['actions'].shape[1:]}; the policy acts in "
                          f"chunks of {(sp.chunk, sp.action_dim)}: collect them on the same env")
-    rows = {**rows, "sample": expert_sample(sp.sample, rows["actions"], cfg.policy.action_bins)}
     device = pick_device(cfg.policy.device)
     policy = make_policy(cfg, sp).to(device)
+    rows = {**rows, "sample": policy.expert_sample(sp.sample, rows["actions"], cfg.policy.action_bins)}
     params = trainable(policy)   # a pretrained folder: its LoRA adapters and heads (policy.lora_rank)
     opt = torch.optim.Adam(params, lr=lr)
     rng = np.random.default_rng(seed)
