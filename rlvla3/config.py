@@ -372,7 +372,21 @@ class RuntimeConfig:
     max_idle_sleep: float = 0.005
     """Longest idle sleep (bounds added latency)."""
     tensorboard: bool = True
-    """Trainer rank 0 writes TensorBoard scalars under tb/."""
+    """Trainer rank 0 writes TensorBoard scalars under tb/ (per version, and under by_env_steps/
+    against the env steps so far) and the resolved config once."""
+    wandb: bool = False
+    """Trainer rank 0 logs the same scalars to Weights & Biases (the wandb package, under
+    <run>/wandb/), with both x-axes (version, env_steps_total) and the resolved config once; a
+    resumed run continues the same W&B run."""
+    wandb_project: str = "rlvla3"
+    """runtime.wandb: the W&B project."""
+    wandb_entity: str = ""
+    """runtime.wandb: the W&B entity (team or user); empty: the logged-in user's default."""
+    wandb_name: str = ""
+    """runtime.wandb: the W&B run name; empty: the run folder's name."""
+    wandb_mode: str = "online"
+    """runtime.wandb: online | offline (compute nodes without network: `wandb sync <run>/wandb/offline-run-*`
+    later)."""
     progress: bool = True
     """Trainer rank 0 prints a progress line per version."""
     evaluate: bool = False

@@ -126,3 +126,16 @@ def test_a_run_folder_held_by_a_job_is_refused_before_anything_starts(tmp_path):
     finally:
         held.release()
     check_free(run)                       # released: free again (a requeued job takes it back)
+
+
+def test_the_console_first_says_what_the_run_will_do(tmp_path):
+    from rlvla3.cluster.launch import describe
+
+    cfg = compose(["+experiment=libero_pi05", "mode=sync", "cluster.sim_ranks=2"])
+    text = describe(cfg, derive(cfg), tmp_path)
+    assert text.splitlines()[0].startswith("rlvla3: ppo on libero libero_spatial tasks [0] (2 envs, horizon 220), "
+                                           "policy pi05 (chunk 50, random init), sync")
+    assert "2 Simulator, 1 Generator, 1 Trainer" in text and str(tmp_path) in text and "4 versions" in text
+    folder = tmp_path / "pi05"
+    cfg = compose(["+experiment=toy", f"policy.pretrained={folder}"])   # describe reads no folder
+    assert "from " + str(folder) + ", LoRA rank 32" in describe(cfg, derive(compose(["+experiment=toy"])), tmp_path)

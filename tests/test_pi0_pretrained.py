@@ -116,7 +116,7 @@ def test_statistics_of_another_robot_are_named(tmp_path):
 @pytest.mark.slow
 def test_a_pretrained_pi0_trains_through_the_engine_with_matching_logprobs(tmp_path):
     write_folder(tmp_path, compose(PI0_TOY))
-    over = [*PI0_TOY, *LOGP_CHECK,
+    over = [*PI0_TOY, *LOGP_CHECK, "policy.lora_rank=0",   # full fine-tuning (LoRA: the OFT and π0.5 engine tests)
             f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
     run = run_logprob_check(tmp_path, over, "pretrained pi0")
     # The shard keeps the chain x_0..x_3; the executed chunk is x_3 un-normalised (action mean 0.1, std 0.5).

@@ -73,7 +73,7 @@ def test_pretrained_checkpoints_load_from_a_local_path(tmp_path):
     missing one is named in the error (nothing is ever downloaded)."""
     pi0, _ = build(name="pi0", chunk=2)
     pi0.model.save_pretrained(tmp_path / "pi0")
-    again, _ = build(name="pi0", chunk=2, pretrained=str(tmp_path / "pi0"), init_seed=7)
+    again, _ = build(name="pi0", chunk=2, pretrained=str(tmp_path / "pi0"), init_seed=7, lora_rank=0)
     assert torch.equal(again.model.action_out_proj.weight, pi0.model.action_out_proj.weight)
 
     with pytest.raises(FileNotFoundError, match=r"policy.pretrained=.*missing: no config\.json"):

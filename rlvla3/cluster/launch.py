@@ -53,6 +53,7 @@ def _main(dcfg) -> None:
     except (config.ConfigError, RunFolderBusy) as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
+    print(describe(cfg, world, run_dir), flush=True)
     if cfg.cluster.name != "local":
         from . import slurm
         print(plan_table(world))
@@ -62,7 +63,6 @@ def _main(dcfg) -> None:
             sys.exit(0)
         sys.exit(run_slurm(cfg, run_dir))
     cfg, world = prepare_run_dir(cfg, run_dir)
-    print(f"run folder: {run_dir}")
     print(plan_table(world))
     warn = cpu_warning(cfg, world)
     if warn:
@@ -73,6 +73,20 @@ def _main(dcfg) -> None:
     rc = subprocess.run(cmd, env=mpi_env(), timeout=cfg.runtime.max_wall).returncode
     print(f"{'finished' if rc == 0 else f'FAILED (exit {rc})'} in {time.time() - t0:.1f}s; run folder: {run_dir}")
     sys.exit(rc)
+
+
+def describe(cfg, world, run_dir: Path) -> str:
+    """The run in a few lines, first on the console: what it trains, how, on which ranks, where."""
+    e, p, a, m = cfg.env, cfg.policy, cfg.algo, cfg.mode
+    task = {"libero": f" {e.suite} tasks {e.task_ids}", "toy": "", "emulated": ""}.get(e.name, f" {e.task}")
+    weights = f"from {p.pretrained}" + (f", LoRA rank {p.lora_rank}" if p.lora_rank else ", full fine-tuning") \
+        if p.pretrained else "random init" + (f", from {p.init_from}" if p.init_from else "")
+    mode = f"{m.name} (eta {m.eta}, {m.placement})" if m.name == "async" else f"{m.name} ({m.placement})"
+    return "\n".join([
+        f"rlvla3: {a.name} on {e.name}{task} ({e.num_envs} envs, horizon {e.horizon}), policy {p.name} "
+        f"(chunk {p.chunk}, {weights}), {mode}",
+        f"ranks: {len(world.sim_ranks)} Simulator, {len(world.gen_ranks)} Generator, {len(world.train_ranks)} Trainer "
+        f"on {cfg.cluster.name}; {a.max_versions} versions of {a.rollout_batch} rows; run folder {run_dir}"])
 
 
 def main() -> None:

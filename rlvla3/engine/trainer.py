@@ -41,6 +41,7 @@ from ..world import World, spec
 from . import checkpoints, shards, weights
 from .learners import LOSS_KEYS, EmulatedLearner
 from .protocol import CheckpointAck, ShardReady, Slice, Stop, Tag, TrainOrder, WeightsHeader
+from .scalars import ScalarSinks
 
 
 def make_learner(cfg, world, spec, metrics, index: int, shards_dir):
@@ -98,17 +99,14 @@ class Trainer:
         self.trained_uncommitted: list[str] = []   # keep_shards=false: deleted at the next checkpoint
         self.stopping = False
         self.done = False
-        self.tb = None
+        self.sinks = None
         self.learner.connect(transport, world.train_ranks)
         if cfg.resume:
             self._resume()
         if self.leader:
             self.ckpt_dir.mkdir(exist_ok=True)
-            # TensorBoard's writer comes with torch, which emulated ranks never import (the
-            # metrics files hold the same scalars).
-            if cfg.runtime.tensorboard and cfg.policy.name != "emulated":
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(run_dir / "tb"))
+            self.sinks = ScalarSinks(cfg, run_dir)
+            self.sinks.resume_from(self.history)
         self.t0 = time.time()
         self._publish(cfg.runtime.startup_timeout)   # the Generators may still be building their models
 
@@ -325,8 +323,8 @@ class Trainer:
         self.history.append(rec)
         for key, v in rec.items():
             self.metrics.scalar(key, v, version=k + 1)
-            if self.tb is not None:
-                self.tb.add_scalar(key, v, k + 1)
+        if self.sinks is not None:
+            self.sinks.log(rec, k + 1)
         if self.cfg.runtime.progress:
             print(f"[train] version {k + 1:4d} | rows {self.rows_trained:7d} | {rec['steps_per_s']:7.1f} steps/s | "
                   f"success {rec['success']:.2f} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f} | "
@@ -404,8 +402,8 @@ class Trainer:
             return False
         self.record_params()
         self._write_summary()
-        if self.tb is not None:
-            self.tb.close()
+        if self.sinks is not None:
+            self.sinks.close()
         self.done = True
         return True
 

@@ -1,0 +1,66 @@
+"""Where Trainer rank 0's per-version scalars go besides metrics/ (which always holds them):
+TensorBoard (runtime.tensorboard) and Weights & Biases (runtime.wandb). Both get every scalar
+against the version and against the env steps so far, and the resolved config once.
+
+A resumed run continues the same W&B run: its id is kept in <run>/wandb_id.txt, and the
+versions it had logged are not logged twice (W&B refuses steps that go backwards).
+"""
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from pathlib import Path
+
+
+class ScalarSinks:
+    def __init__(self, cfg, run_dir: Path):
+        self.tb = self.wb = None
+        self.env_steps = 0
+        if cfg.runtime.tensorboard and cfg.policy.name != "emulated":
+            # TensorBoard's writer comes with torch, which emulated ranks never import (the
+            # metrics files hold the same scalars).
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"))
+            resolved = run_dir / "config.yaml"   # what the launcher wrote
+            if resolved.is_file():
+                self.tb.add_text("config", "```\n" + resolved.read_text() + "\n```")
+        if cfg.runtime.wandb:
+            self.wb = start_wandb(cfg, run_dir)
+
+    def log(self, rec: dict, version: int) -> None:
+        """One version's scalars (`rec` holds this version's env_steps)."""
+        self.env_steps += int(rec.get("env_steps", 0))
+        if self.tb is not None:
+            for key, v in rec.items():
+                self.tb.add_scalar(key, v, version)
+                self.tb.add_scalar(f"by_env_steps/{key}", v, self.env_steps)
+        if self.wb is not None and version > self.wb.summary.get("version", 0):
+            self.wb.log({**rec, "version": version, "env_steps_total": self.env_steps})
+
+    def resume_from(self, history: list[dict]) -> None:
+        """A resumed run's history so far: the env-step axis continues from it."""
+        self.env_steps = sum(int(h.get("env_steps", 0)) for h in history)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wb is not None:
+            self.wb.finish()
+
+
+def start_wandb(cfg, run_dir: Path):
+    """wandb.init for this run folder (the same W&B run again after a resume)."""
+    import wandb
+
+    id_file = run_dir / "wandb_id.txt"
+    if not id_file.exists():
+        id_file.write_text(uuid.uuid4().hex[:16])
+    r = cfg.runtime
+    run = wandb.init(project=r.wandb_project, entity=r.wandb_entity or None, name=r.wandb_name or run_dir.name,
+                     id=id_file.read_text().strip(), resume="allow", mode=r.wandb_mode, dir=str(run_dir),
+                     config=dataclasses.asdict(cfg))
+    run.define_metric("version")
+    run.define_metric("env_steps_total")
+    run.define_metric("*", step_metric="version")
+    return run
