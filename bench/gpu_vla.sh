@@ -39,7 +39,7 @@ stage check 60 $PY -c "import torch, transformers, megatron.core, hydra; print('
   || { say "imports failed: see $LOG"; exit 1; }
 
 if [ "$REHEARSAL" = 1 ]; then
-  stage families 300 $PY -m rlvla3.bench families --families tiny,pi0_chunk4 --batches 1,8 --repeats 2 --out "$OUT" env=toy
+  stage families 300 $PY -m rlvla3.bench families --families tiny,pi0_chunk4 --batches 1,8 --repeats 2 --out "$OUT"
   stage memory 300 $PY -m rlvla3.bench memory --families openvla_oft --out "$OUT"
 else
   stage families 150 $PY -m rlvla3.bench families --out "$OUT" policy.device=cuda

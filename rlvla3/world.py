@@ -9,6 +9,7 @@ on a login node.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from dataclasses import dataclass
@@ -392,6 +393,9 @@ def validate(cfg: RunConfig) -> None:
     rt = cfg.runtime
     for name in ("heartbeat_interval", "startup_timeout", "shutdown_timeout", "max_wall"):
         _require(getattr(rt, name) > 0, f"runtime.{name}", getattr(rt, name), "must be > 0 (seconds)")
+    _require(rt.wandb_mode in ("online", "offline"), "runtime.wandb_mode", rt.wandb_mode, "use online or offline")
+    _require(not rt.wandb or importlib.util.find_spec("wandb") is not None, "runtime.wandb", rt.wandb,
+             "needs the wandb package: pip install -e '.[wandb]' (or runtime.wandb=false)")
     _require(rt.ckpt_every >= 1, "runtime.ckpt_every", rt.ckpt_every, "must be >= 1 (checkpoint every N versions)")
     _require(rt.liveness_timeout > 2 * rt.heartbeat_interval, "runtime.liveness_timeout",
              rt.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")

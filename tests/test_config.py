@@ -30,6 +30,8 @@ from rlvla3.world import derive, sharding_plan
     ("env.max_failed_starts=-1", "env.max_failed_starts"),
     ("policy.init_from=/nonexistent.pt", "policy.init_from"),
     ("policy.pretrained=/nonexistent", "policy.pretrained"),
+    ("policy.lora_rank=-1", "policy.lora_rank"),
+    ("runtime.wandb_mode=onlin", "runtime.wandb_mode"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 
 class ScalarSinks:
-    def __init__(self, cfg, run_dir: Path):
+    def __init__(self, cfg, run_dir: Path, history: list[dict]):
+        """history: the versions a resumed run already has (the env-step axis continues from them)."""
         self.tb = self.wb = None
-        self.env_steps = 0
+        self.env_steps = sum(int(h.get("env_steps", 0)) for h in history)
         if cfg.runtime.tensorboard and cfg.policy.name != "emulated":
             # TensorBoard's writer comes with torch, which emulated ranks never import (the
             # metrics files hold the same scalars).
@@ -37,10 +38,6 @@ class ScalarSinks:
                 self.tb.add_scalar(f"by_env_steps/{key}", v, self.env_steps)
         if self.wb is not None and version > self.wb.summary.get("version", 0):
             self.wb.log({**rec, "version": version, "env_steps_total": self.env_steps})
-
-    def resume_from(self, history: list[dict]) -> None:
-        """A resumed run's history so far: the env-step axis continues from it."""
-        self.env_steps = sum(int(h.get("env_steps", 0)) for h in history)
 
     def close(self) -> None:
         if self.tb is not None:

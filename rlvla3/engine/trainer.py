@@ -105,8 +105,7 @@ class Trainer:
             self._resume()
         if self.leader:
             self.ckpt_dir.mkdir(exist_ok=True)
-            self.sinks = ScalarSinks(cfg, run_dir)
-            self.sinks.resume_from(self.history)
+            self.sinks = ScalarSinks(cfg, run_dir, self.history)
         self.t0 = time.time()
         self._publish(cfg.runtime.startup_timeout)   # the Generators may still be building their models
 

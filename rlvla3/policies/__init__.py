@@ -21,10 +21,11 @@ def make_policy(cfg, spec, published: bool = False):
     families --size published`)."""
     policy = family(cfg, spec, published)
     p = cfg.policy
-    if p.lora_rank and (p.pretrained or published):
+    fine_tuning = bool(p.pretrained or published)   # a random-init model trains in full, keeping its activations
+    if p.lora_rank and fine_tuning:
         from .lora import apply_lora
         apply_lora(policy, p.lora_rank, p.lora_alpha, p.lora_base_dtype)
-    if p.grad_checkpointing and (p.pretrained or published):
+    if p.grad_checkpointing and fine_tuning:
         checkpoint_layers(policy)
     return policy
 
@@ -47,9 +48,8 @@ def checkpointed_layers(policy) -> list:
     """(name, module) of the layers policy.grad_checkpointing recomputes."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    skip = tuple(policy.cache_writers)
     return [(name, m) for name, m in policy.named_modules()
-            if isinstance(m, GradientCheckpointingLayer) and (not skip or not name.startswith(skip))]
+            if isinstance(m, GradientCheckpointingLayer) and not name.startswith(tuple(policy.cache_writers))]
 
 
 def family(cfg, spec, published: bool = False):

@@ -55,15 +55,10 @@ def published_policy(cfg, spec):
     return policy.to("meta").train()
 
 
-def measure(cfg, spec, micro_batch: int, copies: int) -> Footprint:
-    """The footprint of training `cfg.policy` at its published size on micro-batches of
-    `micro_batch` rows, with `copies` frozen copies of the trainable weights (π_prox: 1 in
-    async mode or for V-trace; +1 with a KL reference)."""
-    return footprint_of(published_policy(cfg, spec), spec, micro_batch, copies)
-
-
 def footprint_of(policy, spec, micro_batch: int, copies: int) -> Footprint:
-    """`measure` for a built policy (without checkpointing wrappers), on whatever device it is."""
+    """The footprint of training `policy` (built without checkpointing wrappers, on whatever
+    device) on micro-batches of `micro_batch` rows, with `copies` frozen copies of the trainable
+    weights (π_prox: 1 in async mode or for V-trace; +1 with a KL reference)."""
     from . import checkpointed_layers
 
     params = list(policy.parameters())
@@ -107,12 +102,17 @@ class FusedAttention(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def identity(t: torch.Tensor) -> int:
+    """What makes two tensors the same memory: the storage off the meta device (which has none:
+    there the tensor object itself)."""
+    return id(t) if t.is_meta else t.untyped_storage().data_ptr()
+
+
 def _saved_bytes(policy, layers, spec, n: int) -> tuple[dict[str, float], dict[str, float], float]:
     """Bytes saved for backward by `policy.evaluate` on n rows: per layer of `layers` (name ->
     module), each layer's input hidden state, and the rest. A tensor is counted once (views
     count as their base; off the meta device, tensors sharing a storage once), parameters not at all."""
-    param_ids = {id(p) for p in policy.parameters()} | {p.untyped_storage().data_ptr() for p in policy.parameters()
-                                                        if not p.is_meta}
+    params = {identity(p) for p in policy.parameters()}
     seen: dict[int, torch.Tensor] = {}   # holds what it saw: a freed tensor's id could come back
     per_layer = {name: 0.0 for name, _ in layers}
     inputs = dict(per_layer)
@@ -122,8 +122,8 @@ def _saved_bytes(policy, layers, spec, n: int) -> tuple[dict[str, float], dict[s
     def pack(t):
         nonlocal outside
         base = t._base if t._base is not None else t
-        key = id(base) if base.is_meta else base.untyped_storage().data_ptr()
-        if id(base) not in param_ids and key not in param_ids and key not in seen:
+        key = identity(base)
+        if key not in params and key not in seen:
             seen[key] = base
             size = float(base.numel() * base.element_size())
             if current:
@@ -173,9 +173,11 @@ def no_value_checks():
 
 
 def fitted(cfg, spec, copies: int) -> tuple[Footprint, float]:
-    """The footprint at micro-batch 1 and the activation bytes each further row adds (under the
-    configured checkpointing): activations grow linearly with the micro-batch."""
-    one, two = measure(cfg, spec, 1, copies), measure(cfg, spec, 2, copies)
+    """The footprint of `cfg.policy` at its published size at micro-batch 1, and the activation
+    bytes each further row adds (under the configured checkpointing): activations grow linearly
+    with the micro-batch."""
+    policy = published_policy(cfg, spec)
+    one, two = footprint_of(policy, spec, 1, copies), footprint_of(policy, spec, 2, copies)
     ckpt = cfg.policy.grad_checkpointing
     return one, two.total(ckpt) - one.total(ckpt)
 

@@ -59,6 +59,7 @@ def end_of_prefix(mask: torch.Tensor) -> torch.Tensor:
 
 class OpenVLA(TokenPolicy):
     fully_trained = ("value_head", "projector", "proprio_proj")
+
     def __init__(self, pcfg, spec):
         super().__init__()
         from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, SiglipVisionConfig, SiglipVisionModel

@@ -200,9 +200,14 @@ class ReleasedOFT(Policy):
         """OFT's own L1 regression of the normalised chunk (SFT)."""
         return (self.mean_and_value(images, proprio, tokens)[0] - sample).abs().mean((-1, -2))
 
+    def _action_bounds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q01, q99 and the mask of the dims they normalise (the rest: the gripper)."""
+        return (np.asarray(self.stats["q01"], np.float32), np.asarray(self.stats["q99"], np.float32),
+                np.asarray(self.stats["mask"], bool))
+
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         a = np.asarray(sample, np.float32).reshape(-1, self.action_dim)
-        q01, q99, mask = (np.asarray(self.stats[k], np.float32 if k != "mask" else bool) for k in ("q01", "q99", "mask"))
+        q01, q99, mask = self._action_bounds()
         a = np.where(mask, 0.5 * (a + 1) * (q99 - q01 + 1e-8) + q01, a)
         a[:, ~mask] = openvla_folder.gripper_to_env(a[:, ~mask])
         return np.clip(a, -1.0, 1.0).reshape(-1, self.chunk, self.action_dim).astype(np.float32)
@@ -210,7 +215,7 @@ class ReleasedOFT(Policy):
     def expert_sample(self, layout, actions: np.ndarray, bins: int) -> np.ndarray:
         """Env actions -> the regressed chunk's units: q01/q99-normalised, the gripper 1 open / 0 closed."""
         a = np.asarray(actions, np.float32).reshape(-1, self.action_dim)
-        q01, q99, mask = (np.asarray(self.stats[k], np.float32 if k != "mask" else bool) for k in ("q01", "q99", "mask"))
+        q01, q99, mask = self._action_bounds()
         x = np.where(mask, np.clip(2 * (a - q01) / (q99 - q01 + 1e-8) - 1, -1, 1), openvla_folder.gripper_to_dataset(a))
         return x.astype(np.float32).reshape(-1, *layout.shape)
 

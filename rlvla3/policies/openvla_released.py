@@ -32,6 +32,7 @@ from .openvla import OpenVLA
 
 class ReleasedOpenVLA(OpenVLA):
     fully_trained = ("value_head",)
+
     def __init__(self, pcfg, spec, published: bool = False):
         """published: openvla-7b's configuration, random, no folder read, on the default device
         (meta: the Trainer's memory footprint, policies/footprint.py)."""

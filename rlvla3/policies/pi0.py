@@ -80,6 +80,7 @@ class Pi0Flow(Policy):
     # The prefix's KV cache is filled by the VLM's layers and extended by the expert's at each
     # denoising step: policy.grad_checkpointing recomputes the vision tower only.
     cache_writers = ("model.model.vlm.language_model", "model.model.dit")
+
     def __init__(self, pcfg, spec, published: bool = False):
         """published: the published configuration, random, no folder read, on the default device
         (meta: the Trainer's memory footprint, policies/footprint.py)."""

@@ -204,6 +204,15 @@ def tiny_released_folder(cfg, oft: bool = False, folder: str = "") -> str:
     return folder
 
 
+def chosen_families(arg: str, runs: dict) -> list[str]:
+    """--families: a comma list of names in `runs` (empty: all of them); an unknown name stops the bench."""
+    names = arg.split(",") if arg else list(runs)
+    unknown = sorted(set(names) - set(runs))
+    if unknown:
+        raise SystemExit(f"--families {','.join(unknown)}: not one of {','.join(runs)}")
+    return names
+
+
 def families_bench(a) -> int:
     """Generator forward (`act`) and Trainer step (evaluate + PPO loss + backward + Adam) per
     policy family and batch size, one torch thread, medians of `--repeats` (after one warm-up)."""
@@ -222,10 +231,7 @@ def families_bench(a) -> int:
         from .bench_memory import PUBLISHED_RUNS as runs
     else:
         runs = FAMILIES
-    names = a.families.split(",") if a.families else list(runs)
-    unknown = sorted(set(names) - set(runs))
-    if unknown:
-        raise SystemExit(f"--families {','.join(unknown)}: not a {a.size} family (use {','.join(runs)})")
+    names = chosen_families(a.families, runs)
     rows = []
     folders = {"released": RELEASED, "released_oft": RELEASED_OFT}
     folders = {k: tiny_released_folder(compose(a.overrides), k == "released_oft") if any(o in runs[n] for n in names) else ""
@@ -429,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "families":
         return families_bench(a)
     if a.what == "memory":
-        from .bench_memory import memory_bench
-        save_rows(a.out, "memory.json", memory_bench(a))
+        from .bench_memory import PUBLISHED_RUNS, memory_bench
+        save_rows(a.out, "memory.json", memory_bench(a, chosen_families(a.families, PUBLISHED_RUNS)))
         return 0
     if a.what == "sims":
         return sims_bench(a)

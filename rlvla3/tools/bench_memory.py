@@ -22,15 +22,11 @@ CONFIGS = {   # label -> overrides
 }
 
 
-def memory_bench(a) -> list[dict]:
-    """Prints the table; returns its rows."""
+def memory_bench(a, names: list[str]) -> list[dict]:
+    """Prints the table of the families `names` (of PUBLISHED_RUNS); returns its rows."""
     from ..policies import footprint
     from ..world import spec
 
-    names = a.families.split(",") if a.families else list(PUBLISHED_RUNS)
-    unknown = sorted(set(names) - set(PUBLISHED_RUNS))
-    if unknown:
-        raise SystemExit(f"--families {','.join(unknown)}: no published configuration (use {','.join(PUBLISHED_RUNS)})")
     gb = footprint.GB
     print(f"{'family':12s} {'config':22s} {'trainable':>10s} {'frozen':>8s} {'weights':>8s} {'grad+adam':>9s} {'copies':>7s} "
           f"{'act/row':>8s} {'@mb1':>7s} {'preset':>12s} " + " ".join(f"{'mb@' + g:>9s}" for g in GPUS))
