@@ -205,7 +205,12 @@ def test_a_launcher_timeout_leaves_no_process_of_the_job_behind(tmp_path, monkey
 def test_a_generator_slow_to_start_is_not_declared_silent(tmp_path, monkeypatch):
     """Start-up skew (issue 20, D2a): a Generator that takes longer than runtime.liveness_timeout
     to build its model (here 12 s against 5 s, by a sitecustomize in the ranks) must not be
-    blamed by the peers that are ready first."""
-    survives_a_slow_rank(tmp_path, monkeypatch, "import rlvla3.engine.generator as g\n_init = g.Generator.__init__\n"
-                         "def slow(self, *a, **k):\n    time.sleep(12)\n    _init(self, *a, **k)\n"
+    blamed by the peers that are ready first. It holds the GIL all that time, so its heartbeat
+    thread is silent too, as when a large extension module loads on a crowded node (a CI run's
+    Hydra sweep, two jobs on two cores, was aborted so: its Simulators were ready first)."""
+    survives_a_slow_rank(tmp_path, monkeypatch, "import sys\nimport rlvla3.engine.generator as g\n"
+                         "_init = g.Generator.__init__\n"
+                         "def slow(self, *a, **k):\n    sys.setswitchinterval(60)\n    end = time.monotonic() + 12\n"
+                         "    while time.monotonic() < end:\n        pass\n    sys.setswitchinterval(0.005)\n"
+                         "    _init(self, *a, **k)\n"
                          "g.Generator.__init__ = slow\n")

@@ -136,6 +136,10 @@ def rank_pid(job_id: str, procid: int) -> int | None:
     return None
 
 
+def rank_logs(run: Path, chars: int = 4000) -> str:
+    return "\n".join(f"== {f.name}\n{f.read_text(errors='replace')[-chars:]}" for f in sorted((run / "slurm").glob("*.err")))
+
+
 def test_a_sigkilled_rank_fails_the_submission(tmp_path):
     cfg = compose([*TOY_SLURM, "algo.max_versions=200", "algo.update_epochs=1"])   # the first checkpoint sooner
     run = tmp_path / "run"
@@ -146,10 +150,12 @@ def test_a_sigkilled_rank_fails_the_submission(tmp_path):
     os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(Exception) as err:
-        slurm.wait(job, cfg.cluster.poll_s, timeout=300)
-    print(f"SIGKILL of rank 1: submission reported failure {time.monotonic() - t0:.1f}s after the kill")
-    assert time.monotonic() - t0 < 90
-    assert job.job_id in str(err.value)
+        slurm.wait(job, cfg.cluster.poll_s, timeout=120)
+    took = time.monotonic() - t0
+    print(f"SIGKILL of rank 1: submission reported failure {took:.1f}s after the kill:\n{str(err.value)[:1500]}")
+    assert took < 90, f"{err.value}\n{rank_logs(run)}"   # on a timeout the logs hold every rank's stacks
+    message = str(err.value)
+    assert job.job_id in message and ("task 1: Killed" in message or "rank 1 (simulator)" in message), message
 
 
 def test_sbatch_scale_test_leaves_a_run_folder_per_point_and_a_plot(tmp_path):

@@ -273,21 +273,83 @@ def failed_rank(job) -> tuple[int, str] | None:
     return None
 
 
-def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) -> list:
-    """Block until every rank has returned (their results), or raise submitit's error naming
-    the job. srun of a het step has been seen (local test cluster) to miss its step's end and
-    wait forever after every task exited: a job still queued `grace` s after all its ranks
-    returned is cancelled, with a warning, so it does not hold its nodes until the time limit.
-    `timeout` (seconds, None = as long as Slurm keeps the job alive: a dead job is seen through
-    sacct within `poll_s`) cancels the job and raises TimeoutError naming it."""
+# slurmctld states of a job it still holds (squeue); anything else, or no row, means it ended.
+QUEUED_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                 "RESIZING", "SUSPENDED", "SIGNALING", "STAGE_OUT")
+
+
+def queued(job_id: str) -> bool | None:
+    """Whether slurmctld still holds the job (asked directly, unlike sacct, which goes through
+    the accounting daemon and can lag); None when squeue does not answer."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return None
+    if out.returncode != 0:
+        return False if "Invalid job id" in out.stderr else None   # purged: long over
+    return any(state in QUEUED_STATES for state in out.stdout.split())
+
+
+def rank_errors(job, lines: int = 12) -> str:
+    """srun's own errors, then the end of every rank log of the job that holds a traceback (or,
+    if none does, of every non-empty one): what a job that ended without results has to say. Logs are found by name,
+    not by rank: srun's %t in a het step is not always the global rank (the local cluster skips
+    one number between the components); each is labelled with the rank its .out names."""
+    folder = Path(job.paths.folder)
+    logs = sorted(folder.glob(f"{job.job_id}_*_log.err"), key=lambda f: int(f.name.split("_")[1]))
+    texts = {f: f.read_text(errors="replace") for f in logs}
+    chosen = [f for f in logs if "Traceback" in texts[f]] or [f for f in logs if texts[f].strip()]
+    parts = []
+    for f in chosen:
+        text = texts[f]
+        tail = text[text.rindex("Traceback"):] if "Traceback" in text else text
+        parts.append(f"--- {log_rank(f.with_suffix('.out'))} ({f.name}):\n" + "\n".join(tail.splitlines()[-lines:]))
+    batch = folder / f"{job.job_id}_batch.err"
+    said = [ln for ln in batch.read_text(errors="replace").splitlines() if "srun: error" in ln] if batch.exists() else []
+    if said:   # srun names the first task that died first ("task 1: Killed" for a SIGKILL)
+        parts.insert(0, "--- srun:\n" + "\n".join(said[:4]))
+    return "\n".join(parts) or f"(no rank wrote to its log in {folder})"
+
+
+def log_rank(out: Path) -> str:
+    """'rank K' from the first line submitit writes to a rank's .out, else 'rank ?'."""
+    head = out.read_text(errors="replace")[:500] if out.exists() else ""
+    m = re.search(r"global_rank=(\d+)", head)
+    return f"rank {m.group(1)}" if m else "rank ?"
+
+
+def dump_stacks(job, settle_s: float = 2.0) -> None:
+    """Ask every rank of a job to print its threads' stacks to its log (the engine registers
+    faulthandler on SIGUSR1): what a hung job was doing, before it is cancelled."""
     import subprocess
     import time
 
+    subprocess.run(["scancel", "--signal=USR1", job.job_id], capture_output=True, timeout=30)
+    time.sleep(settle_s)
+
+
+def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) -> list:
+    """Block until every rank has returned (their results), or raise an error naming the job and
+    the failing rank. A failure is seen three ways, whichever comes first: a rank's result says it
+    raised; sacct says the job ended (submitit's watcher); squeue says slurmctld no longer holds
+    the job (sacct can lag behind it, and a job whose ranks were all killed leaves no result).
+    srun of a het step has been seen (local test cluster) to miss its step's end and wait
+    forever after every task exited: a job still queued `grace` s after all its ranks returned
+    is cancelled, with a warning, so it does not hold its nodes until the time limit. `timeout`
+    (seconds, None = as long as Slurm keeps the job alive) cancels the job and raises
+    TimeoutError naming it."""
+    import time
+
     deadline = None if timeout is None else time.monotonic() + timeout
+    was_gone = False
     while not job.done():
         if deadline is not None and time.monotonic() > deadline:
+            dump_stacks(job)
             job.cancel(check=False)
-            raise TimeoutError(f"Slurm job {job.job_id} did not finish within {timeout:.0f}s; cancelled it")
+            raise TimeoutError(f"Slurm job {job.job_id} did not finish within {timeout:.0f}s; cancelled it. Where "
+                               f"each rank's threads were is at the end of its log, {job.paths.folder}/*_log.err")
         failed = failed_rank(job)
         if failed is not None:
             # One rank's failure loses the MPI world; the job can still look RUNNING (the srun
@@ -295,12 +357,21 @@ def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) 
             job.cancel(check=False)
             raise submitit.core.utils.FailedJobError(
                 f"Slurm job {job.job_id}: rank {failed[0]} failed; cancelled the job. Its traceback:\n{failed[1]}")
+        gone = queued(job.job_id) is False
+        if gone and was_gone:   # twice in a row: slurmctld answers for its own queue
+            break
+        was_gone = gone
         time.sleep(min(poll_s, 2.0))
-    results = job.results()
+    try:
+        results = job.results()
+    except submitit.core.utils.UncompletedJobError as e:
+        failed = failed_rank(job)
+        why = f"rank {failed[0]} failed. Its traceback:\n{failed[1]}" if failed else \
+            f"it ended without every rank's result ({str(e).splitlines()[0]}). The ranks' logs:\n{rank_errors(job)}"
+        raise submitit.core.utils.FailedJobError(f"Slurm job {job.job_id}: {why}") from None
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        out = subprocess.run(["squeue", "-h", "-j", job.job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
-        if not out.stdout.strip():
+        if queued(job.job_id) is False:
             return results
         time.sleep(1.0)
     print(f"warning: job {job.job_id}: every rank returned {grace:.0f}s ago but the job is still queued; "

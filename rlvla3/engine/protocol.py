@@ -54,6 +54,7 @@ class Kind(IntEnum):
 @dataclass(frozen=True)
 class Heartbeat:
     t: float
+    started: bool = False   # the sender's start-up is over: hold it to the liveness timeout from now on
 
 
 @dataclass(frozen=True)

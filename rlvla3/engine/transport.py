@@ -205,11 +205,13 @@ class LocalLink:
 class Transport:
     link: object                          # MpiLink or LocalLink
     wiring: Wiring
-    liveness_timeout: float
+    startup_timeout: float                # how long a peer still starting up may be silent
     heartbeat_interval: float
     idle_lo: float = 0.0005
     idle_hi: float = 0.005
+    liveness_timeout: float | None = None  # set by `watch_from_now`, when this rank's start-up is over
     last_seen: dict[int, float] = field(default_factory=dict)
+    started_peers: set = field(default_factory=set)   # peers whose heartbeats say their start-up is over
     _pending: list = field(default_factory=list)
     _next_beat: float = 0.0
     _closed: set = field(default_factory=set)
@@ -237,7 +239,7 @@ class Transport:
         self._beater.start()
 
     def _send_beats(self) -> None:
-        beat = Heartbeat(time.time())
+        beat = Heartbeat(time.time(), started=self.liveness_timeout is not None)
         for p in self.peers:
             if p not in self._closed:
                 self.send(p, Tag.HEARTBEAT, beat)
@@ -311,10 +313,19 @@ class Transport:
             self.last_seen[rank] = time.monotonic()
 
     def watch_from_now(self, liveness_timeout: float) -> None:
-        """Start-up is over (envs started, models built): from now on peers must stay live."""
+        """This rank's start-up is over (envs started, model built): its heartbeats say so from
+        now on, and each peer is held to `liveness_timeout` once its own heartbeats say the same.
+        Until then a peer may be silent for `startup_timeout`: a start-up step that holds the GIL
+        (a large extension module being loaded on a crowded node) also stops its heartbeat thread,
+        and the ranks that are ready first must not blame it."""
         self.liveness_timeout = liveness_timeout
         for p in self.last_seen:
             self.seen(p)
+
+    def silence_limit(self, peer: int) -> float:
+        if self.liveness_timeout is not None and peer in self.started_peers:
+            return self.liveness_timeout
+        return self.startup_timeout
 
     def close_peer(self, rank: int) -> None:
         """A peer said it is done: stop expecting heartbeats from it."""
@@ -335,7 +346,7 @@ class Transport:
             self._send_beats()
             self._next_beat = now + self.heartbeat_interval
         self._drain_beats()
-        late = [p for p, t in self.last_seen.items() if now - t > self.liveness_timeout]
+        late = [p for p, t in self.last_seen.items() if now - t > self.silence_limit(p)]
         if late:
             # After this rank was busy for long, MPI's progress engine may need a few calls to
             # match what arrived meanwhile: look again before blaming a peer.
@@ -343,15 +354,18 @@ class Transport:
                 time.sleep(0.001)
                 self._drain_beats()
             now = time.monotonic()
-            late = [p for p in late if now - self.last_seen.get(p, now) > self.liveness_timeout]
+            late = [p for p in late if now - self.last_seen.get(p, now) > self.silence_limit(p)]
         for p in late:
+            limit = ("runtime.liveness_timeout" if p in self.started_peers else
+                     "runtime.startup_timeout, still starting up")
             raise PeerSilent(
                 f"{self.who(self.rank)}: peer {self.who(p)} silent for {now - self.last_seen[p]:.1f}s "
-                f"(> runtime.liveness_timeout={self.liveness_timeout}); aborting the job")
+                f"(> {limit}={self.silence_limit(p)}); aborting the job")
 
     def _drain_beats(self) -> None:
-        while self.poll(Tag.HEARTBEAT) is not None:
-            pass
+        while (got := self.poll(Tag.HEARTBEAT)) is not None:
+            if got[1].started:
+                self.started_peers.add(got[0])
 
     def _reap(self) -> None:
         if len(self._pending) > 64:
