@@ -71,7 +71,10 @@ def test_grpo_in_lockstep_never_waits_on_a_group(tmp_path):
     proc, run = run_engine(tmp_path, over)
     assert_ok(proc)
     check_every_shard_consumed_once(run, 3, 160)
-    assert "no progress" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+    # With the bug every lockstep step stalled for the 10 s report interval (one report per step);
+    # one report is allowed: on a loaded machine the wait for the final Stop can pass 10 s.
+    stalls = (proc.stdout + proc.stderr).count("no progress")
+    assert stalls <= 1, (proc.stdout + proc.stderr)[-3000:]
 
 
 def test_vtrace_with_kl_runs_async_and_logprobs_match(tmp_path):
