@@ -388,7 +388,11 @@ class RuntimeConfig:
     """runtime.wandb: online | offline (compute nodes without network: `wandb sync <run>/wandb/offline-run-*`
     later)."""
     progress: bool = True
-    """Trainer rank 0 prints a progress line per version."""
+    """Trainer rank 0 prints a progress line per version (a bar redrawn in place when the
+    launcher's console is a terminal), with the ETA."""
+    verbose: bool = False
+    """Let third-party notices (robosuite's, megatron-core's, library warnings) through to the
+    console; by default each process writes them to <run>/logs/<process>.log."""
     evaluate: bool = False
     """No optimizer steps: weights never change, and every segment is one whole episode of each
     env from its own seed (python -m rlvla3.evaluate sets it)."""

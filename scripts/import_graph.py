@@ -17,17 +17,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rlvla3"
 
 # A wing may import only the wings listed for it (and itself). The bottom rooms come first.
-WINGS = ("config", "algo", "envs", "policies", "world", "engine", "cluster", "planner", "tools", "entry points")
+WINGS = ("config", "notices", "algo", "envs", "policies", "world", "engine", "cluster", "planner", "tools",
+         "entry points")
 MAY_IMPORT = {
     "config": set(),
+    "notices": set(),   # stdlib only: env children under another interpreter import it
     "algo": set(),
-    "envs": {"config"},
+    "envs": {"config", "notices"},
     "policies": {"config"},
     "world": {"config", "envs", "policies"},
-    "engine": {"config", "algo", "envs", "policies", "world"},
-    "cluster": {"config", "world", "engine"},
+    "engine": {"config", "notices", "algo", "envs", "policies", "world"},
+    "cluster": {"config", "notices", "world", "engine"},
     "planner": {"config", "world", "engine", "cluster"},
-    "tools": {"config", "algo", "envs", "policies", "world", "engine", "cluster", "planner"},
+    "tools": {"config", "notices", "algo", "envs", "policies", "world", "engine", "cluster", "planner"},
     "entry points": {"cluster", "planner", "tools"},
 }
 ENTRY_POINTS = {"launch", "bench", "plan", "collect", "sft", "evaluate", "recipe", "scale"}

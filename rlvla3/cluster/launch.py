@@ -10,7 +10,6 @@ submitted, with a message naming the field.
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ def run_slurm(cfg, run_dir: Path, job_name: str = "rlvla3") -> int:
 def _main(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from .. import config
+    from .. import config, notices
     from ..engine.lock import RunFolderBusy, check_free
     from ..world import derive, plan_table
 
@@ -62,15 +61,17 @@ def _main(dcfg) -> None:
             print(slurm.dry_run_text(cfg, run_dir))
             sys.exit(0)
         sys.exit(run_slurm(cfg, run_dir))
-    cfg, world = prepare_run_dir(cfg, run_dir)
-    print(plan_table(world))
+    cfg, world = prepare_run_dir(cfg, run_dir)   # rank 0 prints the plan table
     warn = cpu_warning(cfg, world)
     if warn:
         print(warn)
     cmd = mpiexec_command(cfg, world.size, run_dir)
     print("$ " + " ".join(cmd), flush=True)
     t0 = time.time()
-    rc = subprocess.run(cmd, env=mpi_env(), timeout=cfg.runtime.max_wall).returncode
+    rc = notices.run_to_console(cmd, mpi_env(), cfg.runtime.max_wall)
+    kept = notices.summary(run_dir)
+    if kept:
+        print(kept)
     print(f"{'finished' if rc == 0 else f'FAILED (exit {rc})'} in {time.time() - t0:.1f}s; run folder: {run_dir}")
     sys.exit(rc)
 
@@ -86,7 +87,8 @@ def describe(cfg, world, run_dir: Path) -> str:
         f"rlvla3: {a.name} on {e.name}{task} ({e.num_envs} envs, horizon {e.horizon}), policy {p.name} "
         f"(chunk {p.chunk}, {weights}), {mode}",
         f"ranks: {len(world.sim_ranks)} Simulator, {len(world.gen_ranks)} Generator, {len(world.train_ranks)} Trainer "
-        f"on {cfg.cluster.name}; {a.max_versions} versions of {a.rollout_batch} rows; run folder {run_dir}"])
+        f"on {cfg.cluster.name}; {a.max_versions} versions of {a.rollout_batch} rows; run folder {run_dir}",
+        "success = the share of the version's finished episodes that reached the task's goal (0 to 1)"])
 
 
 def main() -> None:

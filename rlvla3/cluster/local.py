@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import notices
 from .compose import prepare_run_dir
 
 
@@ -24,7 +25,7 @@ def mpiexec_command(cfg, world_size: int, run_dir: Path) -> list[str]:
 
 
 def mpi_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = notices.console_env()   # the ranks' pseudo-terminal is not the user's console
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")   # idle ranks yield the core
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")           # fast large tensor <-> numpy copies
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -57,7 +57,7 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
 
     from mpi4py import MPI
 
-    from .. import config
+    from .. import config, notices
     from .. import world as world_mod
     from .metrics import Metrics
     from .transport import MpiLink, Transport
@@ -71,6 +71,7 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
     world = world_mod.derive(cfg)
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    notices.keep_out_of_console(run, f"rank{rank:04d}", cfg.runtime.verbose)   # before torch, the simulators
     held = None
     if rank == 0:
         from . import shards

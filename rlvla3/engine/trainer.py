@@ -36,10 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import notices
 from ..config import RunConfig
 from ..world import World, spec
 from . import checkpoints, shards, weights
 from .learners import LOSS_KEYS, EmulatedLearner
+from .progress import Progress
 from .protocol import CheckpointAck, ShardReady, Slice, Stop, Tag, TrainOrder, WeightsHeader
 from .scalars import ScalarSinks
 
@@ -107,6 +109,7 @@ class Trainer:
             self.ckpt_dir.mkdir(exist_ok=True)
             self.sinks = ScalarSinks(cfg, run_dir, self.history)
         self.t0 = time.time()
+        self.progress = Progress(cfg.algo.max_versions, self.version, notices.console_is_tty())
         self._publish(cfg.runtime.startup_timeout)   # the Generators may still be building their models
 
     # ------------------------------------------------------------ setup
@@ -325,9 +328,9 @@ class Trainer:
         if self.sinks is not None:
             self.sinks.log(rec, k + 1)
         if self.cfg.runtime.progress:
-            print(f"[train] version {k + 1:4d} | rows {self.rows_trained:7d} | {rec['steps_per_s']:7.1f} steps/s | "
-                  f"success {rec['success']:.2f} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f} | "
-                  f"staleness<= {rec['staleness_max']} | {rec['t']:.1f}s", flush=True)
+            self.progress.show(k + 1, f"rows {self.rows_trained:7d} | {rec['steps_per_s']:7.1f} steps/s | success "
+                               f"{rec['success']:.2f} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f}"
+                               f" | staleness<= {rec['staleness_max']} | {rec['t']:.1f}s")
 
     def deadline(self) -> float | None:
         return None  # the Trainer only waits for messages
@@ -399,6 +402,7 @@ class Trainer:
         expected = set(self.world.sim_ranks) | set(self.world.gen_ranks)
         if not expected <= self.transport.done_ranks:
             return False
+        self.progress.close()
         self.record_params()
         self._write_summary()
         if self.sinks is not None:

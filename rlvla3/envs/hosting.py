@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from .. import notices
 from . import SIM_MODULES, SOURCE_ROOT, env_dims, in_process, interpreter, make_env
 from .base import Obs, StepOut
 from .wire import WireConnection, config_tree
@@ -215,6 +216,7 @@ def _worker(conn, cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -
     (end of file on its pipe)."""
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    notices.keep_out_of_console(cfg.run_dir, f"env{env_id:04d}", cfg.runtime.verbose)   # before the simulator's import
     ep = Episode(cfg, env_id, seed, auto_reset)
     ep.episode = episode
     while True:

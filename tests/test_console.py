@@ -1,0 +1,64 @@
+"""The console of a run (issue 22): third-party notices go to the process's notice log, not the
+console (unless runtime.verbose); no ANSI codes when the console is not a terminal; progress
+lines with an ETA, or a bar redrawn in place on a terminal."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from rlvla3 import notices
+from rlvla3.engine.progress import Progress
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_robosuites_import_notices_go_to_the_notice_log_and_ours_stay(tmp_path):
+    """Real robosuite, imported after `keep_out_of_console`: its macro-file and optional-package
+    warnings land in <run>/logs/<process>.log; a warning raised in rlvla3 stays on stderr."""
+    ours = Path(notices.__file__).resolve().parent / "somewhere.py"
+    code = (f"import warnings\nfrom rlvla3 import notices\nnotices.keep_out_of_console({str(tmp_path)!r}, 'rank0000', VERBOSE)\n"
+            "import robosuite\n"
+            "warnings.warn_explicit('a library notice', UserWarning, '/elsewhere/lib.py', 3)\n"
+            f"warnings.warn_explicit('one of ours', UserWarning, {str(ours)!r}, 7)\n")
+    quiet = python(code.replace("VERBOSE", "False"))
+    assert quiet.returncode == 0, quiet.stderr
+    log = (tmp_path / "logs" / "rank0000.log").read_text()
+    assert "No private macro file found" in log and "a library notice" in log and "one of ours" not in log
+    assert "robosuite" not in quiet.stderr and "a library notice" not in quiet.stderr
+    assert "one of ours" in quiet.stderr
+    assert "1 process(es)" in notices.summary(tmp_path)
+
+    loud = python(code.replace("VERBOSE", "True"))
+    assert "No private macro file found" in loud.stderr and "a library notice" in loud.stderr
+
+
+def test_output_into_a_file_loses_its_ansi_codes_and_the_ranks_are_told(tmp_path):
+    child = "print('\\x1b[1m\\x1b[33mbold\\x1b[0m plain\\x1b[K'); import sys; print('\\x1b[31merr\\x1b[0m', file=sys.stderr)"
+    code = (f"import sys\nfrom rlvla3 import notices\n"
+            f"sys.exit(notices.run_to_console([sys.executable, '-c', {child!r}], notices.console_env(), 60))")
+    out = python(code)   # stdout and stderr are pipes here, as when a run's console goes to a file
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "bold plain\n" and out.stderr == "err\n"
+    env = python("import json\nfrom rlvla3 import notices\nprint(json.dumps(notices.console_env({})))").stdout
+    assert '"NO_COLOR": "1"' in env and f'"{notices.TTY_VAR}": "0"' in env
+
+
+def test_progress_lines_say_the_eta_and_a_terminal_gets_one_bar(capsys):
+    lines = Progress(max_versions=4, first_version=0, tty=False)
+    for v in (1, 2, 4):
+        lines.show(v, "stats")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("[train] version    1/4 | stats | ETA 0m0") and out[-1].endswith("| done")
+    assert len(out) == 3
+
+    bar = Progress(max_versions=4, first_version=2, tty=True)   # resumed at version 2
+    bar.show(3, "stats")
+    bar.close()   # stopped before its last version (preempted): the line is ended
+    out = capsys.readouterr().out
+    assert out.startswith("\r[train] ##################...... 3/4 | stats | ETA") and out.endswith("\n")
+    assert out.count("\n") == 1
