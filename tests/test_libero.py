@@ -130,6 +130,9 @@ def test_the_protocol_runs_each_task_and_state_once_through_the_engine(tmp_path)
     assert arrays["images"].shape[2:] == (1, 64, 64, 3) and arrays["proprio"].shape[-1] == 8
     assert arrays["actions"].shape[-1] == 7 and attrs["env"] == "libero"
     assert np.ptp(arrays["proprio"][:, :, :3]) > 0   # the arm moved
+    videos = sorted(p.name for p in (tmp_path / "eval" / "videos").glob("*.mp4"))   # --videos 2 per task (default)
+    assert len(videos) == 4 and all(v.startswith(("task0-pick-up-the-black-bowl", "task1-pick-up-the-black-bowl"))
+                                    for v in videos), videos
 
 
 def test_the_protocol_refuses_a_checkpoint_trained_on_its_test_states(tmp_path):

@@ -18,6 +18,33 @@ def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return out
 
 
+def check_videos(run_dir, n: int) -> None:
+    """--videos n on the single-task toy: the first n episodes by seed as H.264 mp4, each frame
+    what the policy saw, the outcome in the name; logged to TensorBoard and the offline W&B run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rlvla3.tools.episodes import whole_episodes
+    from rlvla3.tools.videos import episodes_with_frames, read_mp4
+
+    episodes = sorted(episodes_with_frames(run_dir, 4))[:n]
+    outcome = {seed: s for seed, s, _ in whole_episodes(run_dir, 4)}
+    files = sorted((run_dir / "videos").glob("*.mp4"))
+    assert [f.name for f in files] == sorted(f"toy-seed{seed}-{'success' if outcome[seed] else 'fail'}.mp4"
+                                             for seed, _, _ in episodes)
+    for f in files:
+        seed = int(f.name.split("-seed")[1].split("-")[0])
+        frames = next(fr for s, _, fr in episodes if s == seed)
+        video = read_mp4(f)[:, :21, :21].astype(int)          # H.264 wants even sides: padded to 22
+        assert video.shape == frames.shape and abs(video - frames).mean() < 12   # lossy, but the same pictures
+    tags = []
+    for ev in (run_dir / "tb").glob("events*"):
+        acc = EventAccumulator(str(ev), size_guidance={"images": 0})
+        acc.Reload()
+        tags += acc.Tags()["images"]
+    assert sorted(tags) == sorted(f"videos/{f.stem}" for f in files)
+    assert len(list((run_dir / "wandb").glob("offline-run-*/files/media/videos/videos/*.mp4"))) == n
+
+
 def test_wilson_interval_matches_known_values():
     lo, hi = wilson(50, 100)
     assert abs(lo - 0.4038) < 1e-3 and abs(hi - 0.5962) < 1e-3
@@ -33,8 +60,9 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
               "--out", str(tmp_path / "sft.pt"))
     assert "loss" in out.stdout
     run("rlvla3.evaluate", "--checkpoint", str(tmp_path / "sft.pt"), "--episodes", "64", "--out", str(tmp_path / "eval"),
-        "+experiment=toy", "runtime.tensorboard=false")
+        "--videos", "3", "+experiment=toy", "runtime.wandb=true", "runtime.wandb_mode=offline")
     r = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    check_videos(tmp_path / "eval", 3)
     print(r)
     assert r["episodes"] == 64, "whole rounds of env.num_envs=16 episodes"
     # A uniform-random policy succeeds ~23% of the time on toy (tests/test_learning.py).

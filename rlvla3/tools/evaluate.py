@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, default=0, help="--protocol libero: step limit (default: the suite's)")
     ap.add_argument("--allow-train-states", action="store_true",
                     help="--protocol libero: evaluate a checkpoint trained on the fixed states (not held out)")
+    ap.add_argument("--videos", type=int, default=2, help="mp4 of the first N episodes of each task (0: none)")
     ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
     a = ap.parse_intermixed_args(argv)
     from .. import config
@@ -100,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
               "success_rate": succ / max(eps, 1), "wilson95": [lo, hi], "seed": a.seed}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
     print(f"success {succ}/{eps} = {succ / max(eps, 1):.3f}  (95% Wilson interval {lo:.3f}-{hi:.3f})  {run_dir}")
+    task = cfg.env.name if cfg.env.name in ("toy", "emulated") else cfg.env.task   # (env.task: the robosuite/metaworld one)
+    from .videos import episode_videos
+
+    episode_videos(run_dir, cfg.algo.max_versions, a.videos, lambda seed: task)
     return 0
 
 

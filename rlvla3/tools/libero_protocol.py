@@ -155,8 +155,9 @@ def main(a, ckpt: Path, run_dir: Path) -> int:
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import run_local
-    from ..envs.libero_env import MAX_STEPS
+    from ..envs.libero_env import MAX_STEPS, episode_of
     from .episodes import eval_overrides
+    from .videos import episode_videos
 
     overrides = protocol_overrides(a.overrides)
     cfg = compose(overrides)
@@ -186,5 +187,12 @@ def main(a, ckpt: Path, run_dir: Path) -> int:
     plot(result, run_dir / "protocol.png")
     print(report(result))
     print(f"{run_dir / 'protocol.json'}  {run_dir / 'protocol.png'}")
+    task_ids = list(cfg.env.task_ids)
+
+    def task_of(seed: int) -> str:
+        t = episode_of(seed, task_ids)[0]
+        return f"task{t}-{facts['tasks'][t]}"
+
+    episode_videos(run_dir, cfg.algo.max_versions, a.videos, task_of)
     return 0
 
