@@ -61,6 +61,30 @@ def load_demos(demos: Path, chunk: int = 1) -> dict[str, np.ndarray]:
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
+def load_rows(demos: Path, cfg, cameras: dict[str, str]) -> dict[str, np.ndarray]:
+    """The demonstrations of --demos: the project's shards, or a LeRobotDataset mapped onto cfg.env."""
+    from .lerobot_dataset import DatasetError, is_lerobot, load_lerobot
+
+    if not is_lerobot(demos):
+        return load_demos(demos, cfg.policy.chunk)
+    try:
+        rows = load_lerobot(demos, cfg, cameras)
+    except DatasetError as e:
+        raise SystemExit(f"--demos {demos}: {e}") from None
+    ended = rows.pop("ended")
+    rows["actions"] = chunk_actions(rows["actions"][:, None], ended[:, None], cfg.policy.chunk)[:, 0]
+    return rows
+
+
+def parse_cameras(text: str) -> dict[str, str]:
+    """--cameras agentview=observation.images.image,... -> {env camera: dataset feature}."""
+    pairs = [p.split("=", 1) for p in text.split(",") if p.strip()]
+    bad = [p[0] for p in pairs if len(p) != 2]
+    if bad:
+        raise SystemExit(f"--cameras {text!r}: {bad[0]!r} is not camera=feature")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0):
     """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history). The
     expert's action chunks are turned into the policy's own sample (token ids, a Gaussian's mean
@@ -99,7 +123,10 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.sft", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--demos", required=True, help="a collect run folder (or its shards/ folder)")
+    ap.add_argument("--demos", required=True,
+                    help="a collect run folder (or its shards/ folder), or a LeRobotDataset folder (v3.0 or v2.1)")
+    ap.add_argument("--cameras", default="", help="LeRobotDataset: env camera=dataset feature,... "
+                    "(default: camera c reads observation.images.c)")
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
     ap.add_argument("--batch", type=int, default=64, help="rows per step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
@@ -114,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = compose(a.overrides)
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
-    rows = load_demos(Path(a.demos), cfg.policy.chunk)
+    rows = load_rows(Path(a.demos), cfg, parse_cameras(a.cameras))
     t0 = time.time()
     policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed)
     out = Path(a.out)
