@@ -38,22 +38,22 @@ def expert_episodes(n: int) -> list[dict]:
     return out
 
 
-def write_mp4(path: Path, frames: np.ndarray) -> None:
+def write_mp4(path: Path, frames: np.ndarray, codec: str) -> None:
     import av
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as f:
-        s = f.add_stream("libx264", rate=FPS)
+        s = f.add_stream(codec, rate=FPS)
         s.width, s.height, s.pix_fmt = SIDE, SIDE, "yuv420p"
         for fr in frames:
             f.mux(s.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(fr), format="rgb24")))
         f.mux(s.encode())
 
 
-def features(state_dim: int = 2) -> dict:
+def features(codec: str, state_dim: int = 2) -> dict:
     scalar = {"shape": [1], "names": None}
     return {CAM: {"dtype": "video", "shape": [SIDE, SIDE, 3], "names": ["height", "width", "channels"],
-                  "info": {"video.fps": FPS, "video.codec": "h264", "video.pix_fmt": "yuv420p", "video.height": SIDE,
+                  "info": {"video.fps": FPS, "video.codec": codec, "video.pix_fmt": "yuv420p", "video.height": SIDE,
                            "video.width": SIDE, "video.channels": 3, "has_audio": False}},
             "observation.state": {"dtype": "float32", "shape": [state_dim], "names": ["x", "y"][:state_dim]},
             "action": {"dtype": "float32", "shape": [2], "names": ["dx", "dy"]},
@@ -90,7 +90,8 @@ def big(frames: np.ndarray) -> np.ndarray:
 
 def write_v30(folder: Path, episodes: list[dict], state_dim: int = 2) -> Path:
     """The v3.0 layout: every episode in one data parquet and one mp4 per camera (chunk 0, file 0),
-    episodes located by meta/episodes/chunk-000/file-000.parquet, tasks in meta/tasks.parquet."""
+    episodes located by meta/episodes/chunk-000/file-000.parquet, tasks in meta/tasks.parquet;
+    AV1 video (libsvtav1, LeRobot's default encoder)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -98,7 +99,8 @@ def write_v30(folder: Path, episodes: list[dict], state_dim: int = 2) -> Path:
     (folder / "meta" / "episodes" / "chunk-000").mkdir(parents=True)
     (folder / "data" / "chunk-000").mkdir(parents=True)
     pq.write_table(frame_table(list(enumerate(episodes)), tasks), folder / "data" / "chunk-000" / "file-000.parquet")
-    write_mp4(folder / "videos" / CAM / "chunk-000" / "file-000.mp4", big(np.concatenate([ep["frames"] for ep in episodes])))
+    write_mp4(folder / "videos" / CAM / "chunk-000" / "file-000.mp4", big(np.concatenate([ep["frames"] for ep in episodes])),
+              "libsvtav1")
     rows, start = [], 0
     for e, ep in enumerate(episodes):
         n = len(ep["frames"])
@@ -117,13 +119,14 @@ def write_v30(folder: Path, episodes: list[dict], state_dim: int = 2) -> Path:
             "fps": FPS, "splits": {"train": f"0:{len(episodes)}"},
             "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
             "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
-            "features": features(state_dim)}
+            "features": features("av1", state_dim)}
     (folder / "meta" / "info.json").write_text(json.dumps(info, indent=2))
     return folder
 
 
 def write_v21(folder: Path, episodes: list[dict]) -> Path:
-    """The v2.1 layout: one parquet and one mp4 per episode, meta/episodes.jsonl and tasks.jsonl."""
+    """The v2.1 layout: one parquet and one mp4 per episode, meta/episodes.jsonl and tasks.jsonl;
+    H.264 video."""
     import pyarrow.parquet as pq
 
     tasks = {t: i for i, t in enumerate(dict.fromkeys(ep["task"] for ep in episodes))}
@@ -132,7 +135,7 @@ def write_v21(folder: Path, episodes: list[dict]) -> Path:
     start = 0
     for e, ep in enumerate(episodes):
         pq.write_table(frame_table([(e, ep)], tasks, start), folder / "data" / "chunk-000" / f"episode_{e:06d}.parquet")
-        write_mp4(folder / "videos" / "chunk-000" / CAM / f"episode_{e:06d}.mp4", big(ep["frames"]))
+        write_mp4(folder / "videos" / "chunk-000" / CAM / f"episode_{e:06d}.mp4", big(ep["frames"]), "libx264")
         start += len(ep["frames"])
     (folder / "meta" / "episodes.jsonl").write_text("".join(
         json.dumps({"episode_index": e, "tasks": [ep["task"]], "length": len(ep["frames"])}) + "\n"
@@ -144,7 +147,7 @@ def write_v21(folder: Path, episodes: list[dict]) -> Path:
             "splits": {"train": f"0:{len(episodes)}"},
             "data_path": "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet",
             "video_path": "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4",
-            "features": features()}
+            "features": features("h264")}
     (folder / "meta" / "info.json").write_text(json.dumps(info, indent=2))
     return folder
 
