@@ -1,6 +1,7 @@
 """LeRobotDataset in (issue 22): a dataset written here to the published v3.0 layout (and v2.1's),
-by this test's own writer on pyarrow + PyAV, not by the project's reader, is read onto the toy
-env's spec and trained from with `python -m rlvla3.sft`."""
+by this test's own layout writer on pyarrow (mp4 through the project's PyAV encoder), not by
+anything of the reader's, is read onto the toy env's spec and trained from with
+`python -m rlvla3.sft`."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import pytest
 from rlvla3.cluster.compose import compose
 from rlvla3.envs.toy import ToyEnv
 from rlvla3.tools.lerobot_dataset import DatasetError, load_lerobot
+from rlvla3.tools.videos import write_mp4
 
 FPS = 10
 CAM = "observation.images.agentview"
@@ -36,18 +38,6 @@ def expert_episodes(n: int) -> list[dict]:
         out.append({"frames": np.stack(frames), "state": np.stack(state), "action": np.stack(action),
                     "task": obs.instruction})
     return out
-
-
-def write_mp4(path: Path, frames: np.ndarray, codec: str) -> None:
-    import av
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as f:
-        s = f.add_stream(codec, rate=FPS)
-        s.width, s.height, s.pix_fmt = SIDE, SIDE, "yuv420p"
-        for fr in frames:
-            f.mux(s.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(fr), format="rgb24")))
-        f.mux(s.encode())
 
 
 def features(codec: str, state_dim: int = 2) -> dict:
@@ -99,8 +89,9 @@ def write_v30(folder: Path, episodes: list[dict], state_dim: int = 2) -> Path:
     (folder / "meta" / "episodes" / "chunk-000").mkdir(parents=True)
     (folder / "data" / "chunk-000").mkdir(parents=True)
     pq.write_table(frame_table(list(enumerate(episodes)), tasks), folder / "data" / "chunk-000" / "file-000.parquet")
-    write_mp4(folder / "videos" / CAM / "chunk-000" / "file-000.mp4", big(np.concatenate([ep["frames"] for ep in episodes])),
-              "libsvtav1")
+    video = folder / "videos" / CAM / "chunk-000" / "file-000.mp4"
+    video.parent.mkdir(parents=True)
+    write_mp4(video, big(np.concatenate([ep["frames"] for ep in episodes])), FPS, "libsvtav1")
     rows, start = [], 0
     for e, ep in enumerate(episodes):
         n = len(ep["frames"])
@@ -135,7 +126,9 @@ def write_v21(folder: Path, episodes: list[dict]) -> Path:
     start = 0
     for e, ep in enumerate(episodes):
         pq.write_table(frame_table([(e, ep)], tasks, start), folder / "data" / "chunk-000" / f"episode_{e:06d}.parquet")
-        write_mp4(folder / "videos" / "chunk-000" / CAM / f"episode_{e:06d}.mp4", big(ep["frames"]), "libx264")
+        video = folder / "videos" / "chunk-000" / CAM / f"episode_{e:06d}.mp4"
+        video.parent.mkdir(parents=True, exist_ok=True)
+        write_mp4(video, big(ep["frames"]), FPS, "libx264")
         start += len(ep["frames"])
     (folder / "meta" / "episodes.jsonl").write_text("".join(
         json.dumps({"episode_index": e, "tasks": [ep["task"]], "length": len(ep["frames"])}) + "\n"

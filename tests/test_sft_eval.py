@@ -34,7 +34,7 @@ def check_videos(run_dir, n: int) -> None:
     for f in files:
         seed = int(f.name.split("-seed")[1].split("-")[0])
         frames = next(fr for s, _, fr in episodes if s == seed)
-        video = read_mp4(f)[:, :21, :21].astype(int)          # H.264 wants even sides: padded to 22
+        video = read_mp4(f)[1][:, :21, :21].astype(int)       # H.264 wants even sides: padded to 22
         assert video.shape == frames.shape and abs(video - frames).mean() < 12   # lossy, but the same pictures
     tags = []
     for ev in (run_dir / "tb").glob("events*"):

@@ -27,9 +27,9 @@ def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
                      "max_versions": math.ceil(episodes / cfg.env.num_envs)}}
 
 
-def whole_episodes(run_dir: Path, versions: int):
-    """(reset seed, success, env steps) of each episode in the shards of the first `versions`
-    rollout steps: every env of every such segment ran exactly one episode."""
+def evaluation_segments(run_dir: Path, versions: int):
+    """(arrays, seeds [N], success [N]) of each shard of the first `versions` rollout steps of
+    an evaluation run: every env of such a segment ran exactly one episode."""
     from ..engine import shards
 
     for n in shards.scan(run_dir / "shards"):
@@ -40,8 +40,14 @@ def whole_episodes(run_dir: Path, versions: int):
         if not ended.all():
             raise RuntimeError(f"evaluation shard {n}: an episode did not end inside its segment")
         success = (a["success"] & a["valid"]).any(0)
+        yield a, attrs.get("reset_seeds") or [-1] * success.size, success
+
+
+def whole_episodes(run_dir: Path, versions: int):
+    """(reset seed, success, env steps) of each episode of an evaluation run's first `versions`
+    rollout steps."""
+    for a, seeds, success in evaluation_segments(run_dir, versions):
         lengths = (a["env_steps"] * a["valid"]).sum(0)
-        seeds = attrs.get("reset_seeds") or [-1] * success.size
         yield from ((int(seed), bool(s), int(n_steps)) for seed, s, n_steps in zip(seeds, success, lengths))
 
 

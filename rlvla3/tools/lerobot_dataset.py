@@ -70,33 +70,38 @@ def check_vector(info: dict, key: str, size: int, what: str) -> None:
 
 
 def episode_table(folder: Path, info: dict) -> list[dict]:
-    """One dict per episode: index, length, where its rows and video segments are."""
+    """One metadata row per episode (v3.0: meta/episodes/*/*.parquet; v2.1: meta/episodes.jsonl),
+    in episode order."""
     import pyarrow.parquet as pq
 
     folder = Path(folder)
     if info["codebase_version"] == "v2.1":
         rows = [json.loads(ln) for ln in (folder / "meta" / "episodes.jsonl").read_text().splitlines() if ln.strip()]
-        chunk = info.get("chunks_size", 1000)
-        return [{"episode_index": r["episode_index"], "length": r["length"],
-                 "data": info["data_path"].format(episode_chunk=r["episode_index"] // chunk,
-                                                  episode_index=r["episode_index"]),
-                 "video": lambda key, r=r: (info["video_path"].format(episode_chunk=r["episode_index"] // chunk,
-                                                                      video_key=key,
-                                                                      episode_index=r["episode_index"]), 0.0)}
-                for r in rows]
-    files = sorted((folder / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
-    if not files:
-        raise DatasetError(f"{folder}: no meta/episodes/chunk-*/file-*.parquet (a v3.0 dataset lists its episodes there)")
-    out = []
-    for f in files:
-        for r in pq.read_table(f).to_pylist():
-            out.append({"episode_index": r["episode_index"], "length": r["length"],
-                        "data": info["data_path"].format(chunk_index=r["data/chunk_index"],
-                                                         file_index=r["data/file_index"]),
-                        "video": lambda key, r=r: (info["video_path"].format(
-                            video_key=key, chunk_index=r[f"videos/{key}/chunk_index"],
-                            file_index=r[f"videos/{key}/file_index"]), float(r[f"videos/{key}/from_timestamp"]))})
-    return sorted(out, key=lambda e: e["episode_index"])
+    else:
+        files = sorted((folder / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+        if not files:
+            raise DatasetError(f"{folder}: no meta/episodes/chunk-*/file-*.parquet (a v3.0 dataset lists its episodes there)")
+        rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    return sorted(rows, key=lambda r: r["episode_index"])
+
+
+def data_file(info: dict, ep: dict) -> str:
+    """The parquet holding episode `ep`'s frames (v3.0: shared by several episodes)."""
+    if info["codebase_version"] == "v2.1":
+        return info["data_path"].format(episode_chunk=ep["episode_index"] // info.get("chunks_size", 1000),
+                                        episode_index=ep["episode_index"])
+    return info["data_path"].format(chunk_index=ep["data/chunk_index"], file_index=ep["data/file_index"])
+
+
+def video_file(info: dict, ep: dict, key: str) -> tuple[str, float]:
+    """(mp4 of camera `key` holding episode `ep`, the time its first frame starts there): v3.0
+    concatenates episodes into one file; v2.1 has one file per episode."""
+    if info["codebase_version"] == "v2.1":
+        return info["video_path"].format(episode_chunk=ep["episode_index"] // info.get("chunks_size", 1000),
+                                         video_key=key, episode_index=ep["episode_index"]), 0.0
+    return (info["video_path"].format(video_key=key, chunk_index=ep[f"videos/{key}/chunk_index"],
+                                      file_index=ep[f"videos/{key}/file_index"]),
+            float(ep[f"videos/{key}/from_timestamp"]))
 
 
 def task_strings(folder: Path, info: dict) -> dict[int, str]:
@@ -123,21 +128,20 @@ def column(table, key: str) -> np.ndarray:
 
 
 class VideoFrames:
-    """Decoded frames of the mp4 files of a dataset, each file decoded once (PyAV)."""
+    """Frames of a dataset's mp4 files at given times; one decoded file held at a time (the
+    episodes of a v3.0 file come one after another)."""
 
     def __init__(self, folder: Path, fps: float):
         self.folder, self.fps = Path(folder), fps
-        self.cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.held: tuple[str, np.ndarray, np.ndarray] | None = None   # (file, stamps, frames)
 
     def at(self, rel: str, times: np.ndarray) -> np.ndarray:
         """Frames [n, H, W, 3] nearest to `times` (seconds into the file)."""
-        import av
+        from .videos import read_mp4
 
-        if rel not in self.cache:
-            with av.open(str(self.folder / rel)) as f:
-                decoded = [(float(fr.pts * fr.time_base), fr.to_ndarray(format="rgb24")) for fr in f.decode(video=0)]
-            self.cache = {rel: (np.array([t for t, _ in decoded]), np.stack([x for _, x in decoded]))}   # one file held
-        stamps, frames = self.cache[rel]
+        if self.held is None or self.held[0] != rel:
+            self.held = (rel, *read_mp4(self.folder / rel))
+        _, stamps, frames = self.held
         idx = np.abs(stamps[None, :] - np.asarray(times)[:, None]).argmin(1)
         worst = np.abs(stamps[idx] - times).max()
         if worst > 0.5 / self.fps:
@@ -182,20 +186,21 @@ def load_lerobot(folder: Path, cfg, cameras: dict[str, str] | None = None) -> di
     parts = {k: [] for k in ("images", "proprio", "tokens", "actions", "ended")}
     held: tuple[str, object] | None = None   # one data file at a time
     for ep in episode_table(folder, info):
-        if held is None or held[0] != ep["data"]:
-            held = (ep["data"], pq.read_table(folder / ep["data"]))
+        data = data_file(info, ep)
+        if held is None or held[0] != data:
+            held = (data, pq.read_table(folder / data))
         table = held[1]
         mine = np.flatnonzero(column(table, "episode_index") == ep["episode_index"])
         order = "frame_index" if "frame_index" in table.column_names else "timestamp"
         mine = mine[np.argsort(column(table, order)[mine], kind="stable")]
         if len(mine) != ep["length"]:
-            raise DatasetError(f"episode {ep['episode_index']}: {len(mine)} rows in {ep['data']}, its metadata says {ep['length']}")
+            raise DatasetError(f"episode {ep['episode_index']}: {len(mine)} rows in {data}, its metadata says {ep['length']}")
         rows = table.take(mine)
         proprio = column(rows, "observation.state").astype(np.float32)
         views = []
         for cam, key in cams.items():
             if info["features"][key]["dtype"] == "video":
-                rel, start = ep["video"](key)
+                rel, start = video_file(info, ep, key)
                 frames = videos.at(rel, start + column(rows, "timestamp").astype(np.float64))
             else:
                 frames = np.stack([decode_image(c) for c in rows.column(key).to_pylist()])

@@ -11,33 +11,29 @@ from pathlib import Path
 
 import numpy as np
 
+FPS = 10   # playback rate of the videos (frames are policy steps)
+
 
 def episodes_with_frames(run_dir: Path, versions: int):
     """(reset seed, success, frames [T, H, W * cameras, 3] uint8) of each episode of an
-    evaluation run's first `versions` rollout steps, in shard order (every env of a segment
-    ran one whole episode; frames stop where it ended)."""
-    from ..engine import shards
+    evaluation run's first `versions` rollout steps, in shard order (frames stop where it ended)."""
+    from .episodes import evaluation_segments
 
-    for name in shards.scan(run_dir / "shards"):
-        if shards.parse_name(name)[0] >= versions:
-            continue
-        a, attrs = shards.read_shard(run_dir / "shards" / name)
-        seeds = attrs.get("reset_seeds") or [-1] * a["valid"].shape[1]
+    for a, seeds, success in evaluation_segments(run_dir, versions):
         for e, seed in enumerate(seeds):
-            steps = int(a["valid"][:, e].sum())
-            images = a["images"][:steps, e]                           # [T, cams, H, W, 3]
-            frames = np.concatenate(list(images.transpose(1, 0, 2, 3, 4)), axis=2)
-            yield int(seed), bool((a["success"][:, e] & a["valid"][:, e]).any()), frames
+            images = a["images"][:int(a["valid"][:, e].sum()), e]       # [T, cams, H, W, 3]
+            yield int(seed), bool(success[e]), np.concatenate(list(images.transpose(1, 0, 2, 3, 4)), axis=2)
 
 
-def write_mp4(path: Path, frames: np.ndarray, fps: int) -> Path:
-    """H.264 in yuv420p (what browsers and W&B play), sides padded to even sizes as it needs."""
+def write_mp4(path: Path, frames: np.ndarray, fps: int = FPS, codec: str = "libx264") -> Path:
+    """`codec` (H.264 by default: what browsers and W&B play) in yuv420p, sides padded to even
+    sizes as it needs."""
     import av
 
     t, h, w, _ = frames.shape
     frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
     with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=fps)
+        stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
         for f in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
@@ -51,44 +47,46 @@ def slug(text: str, limit: int = 60) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit].rstrip("-") or "task"
 
 
-def write_videos(run_dir: Path, versions: int, per_task: int, task_of, fps: int = 10) -> list[Path]:
+def write_videos(run_dir: Path, versions: int, per_task: int, task_of) -> dict[Path, np.ndarray]:
     """mp4 of the first `per_task` episodes of each task into <run>/videos/, named
     `<task>-seed<seed>-<success|fail>.mp4`; `task_of(seed)` names an episode's task (its
-    instruction, for a multi-task suite). Returns the files written, in order."""
+    instruction, for a multi-task suite). Returns each file written, in order, with its frames."""
     out = run_dir / "videos"
     out.mkdir(exist_ok=True)
-    written, taken = [], defaultdict(int)
+    written, taken = {}, defaultdict(int)
     for seed, success, frames in sorted(episodes_with_frames(run_dir, versions), key=lambda e: e[0]):
         task = task_of(seed)
         if taken[task] >= per_task or len(frames) == 0:
             continue
         taken[task] += 1
         name = f"{slug(task)}-seed{seed}-{'success' if success else 'fail'}.mp4"
-        written.append(write_mp4(out / name, frames, fps))
+        written[write_mp4(out / name, frames)] = frames
     return written
 
 
-def log_videos(run_dir: Path, paths: list[Path], step: int, fps: int = 10) -> list[str]:
+def log_videos(run_dir: Path, videos: dict[Path, np.ndarray], step: int) -> list[str]:
     """Each video into the run's TensorBoard folder (an animated GIF summary, what TensorBoard's
     image dashboard plays) and, if the run logs to W&B (<run>/wandb_id.txt), into that W&B run.
     Returns where they went."""
     went = []
     if (run_dir / "tb").is_dir():
-        _tensorboard(run_dir / "tb", paths, step, fps)
+        _tensorboard(run_dir / "tb", videos, step)
         went.append(f"TensorBoard {run_dir / 'tb'} (images tab, videos/*)")
     if (run_dir / "wandb_id.txt").exists():
-        went.append(_wandb(run_dir, paths, step, fps))
+        went.append(_wandb(run_dir, list(videos), step))
     return went
 
 
-def read_mp4(path: Path) -> np.ndarray:
+def read_mp4(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(presentation times [T] in seconds, frames [T, H, W, 3] uint8) of a video file."""
     import av
 
     with av.open(str(path)) as f:
-        return np.stack([frame.to_ndarray(format="rgb24") for frame in f.decode(video=0)])
+        decoded = [(float(fr.pts * fr.time_base), fr.to_ndarray(format="rgb24")) for fr in f.decode(video=0)]
+    return np.array([t for t, _ in decoded]), np.stack([x for _, x in decoded])
 
 
-def _tensorboard(tb_dir: Path, paths: list[Path], step: int, fps: int) -> None:
+def _tensorboard(tb_dir: Path, videos: dict[Path, np.ndarray], step: int) -> None:
     import io
 
     from PIL import Image
@@ -96,18 +94,17 @@ def _tensorboard(tb_dir: Path, paths: list[Path], step: int, fps: int) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(tb_dir))
-    for p in paths:
-        frames = read_mp4(p)
+    for p, frames in videos.items():
         buf = io.BytesIO()
         images = [Image.fromarray(f) for f in frames]
-        images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+        images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / FPS), loop=0)
         h, w = frames.shape[1:3]
         image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=buf.getvalue())
         writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=f"videos/{p.stem}", image=image)]), step)
     writer.close()
 
 
-def _wandb(run_dir: Path, paths: list[Path], step: int, fps: int) -> str:
+def _wandb(run_dir: Path, paths: list[Path], step: int) -> str:
     """Into the run's own W&B run (resumed by its id), after its last version's scalars."""
     import wandb
 
@@ -115,7 +112,7 @@ def _wandb(run_dir: Path, paths: list[Path], step: int, fps: int) -> str:
     from ..engine.scalars import start_wandb
 
     run = start_wandb(config.load(run_dir), run_dir)
-    run.log({"version": step, **{f"videos/{p.stem}": wandb.Video(str(p), fps=fps, format="mp4") for p in paths}})
+    run.log({"version": step, **{f"videos/{p.stem}": wandb.Video(str(p), fps=FPS, format="mp4") for p in paths}})
     run.finish()
     return f"W&B run {run.id}"
 
@@ -124,7 +121,7 @@ def episode_videos(run_dir: Path, versions: int, per_task: int, task_of) -> list
     """evaluate --videos: write and log the first episodes of each task, and say where they are."""
     if per_task < 1:
         return []
-    paths = write_videos(run_dir, versions, per_task, task_of)
-    went = log_videos(run_dir, paths, versions)
-    print(f"{len(paths)} video(s) in {run_dir / 'videos'}" + "".join(f"; {w}" for w in went))
-    return paths
+    videos = write_videos(run_dir, versions, per_task, task_of)
+    went = log_videos(run_dir, videos, versions)
+    print(f"{len(videos)} video(s) in {run_dir / 'videos'}" + "".join(f"; {w}" for w in went))
+    return list(videos)
