@@ -27,7 +27,7 @@ def read_all(run):
 
 
 def test_toy_demonstrations_over_two_ranks(tmp_path):
-    collect(tmp_path, "+experiment=toy", "env.num_envs=8", "cluster.sim_ranks=2", "--episodes", "24")
+    collect(tmp_path, "+experiment=toy", "env.num_envs=8", "cluster.sim_ranks=2", "--episodes", "24", "--format", "lerobot")
     got = read_all(tmp_path / "demos")
     ranks = {attrs["producer_rank"] for _, attrs in got}
     assert ranks == {0, 1}, "collection is spread over the Simulator ranks"
@@ -37,6 +37,42 @@ def test_toy_demonstrations_over_two_ranks(tmp_path):
         assert attrs["source"] == "expert" and (a["versions"] == -1).all() and a["valid"].all()
         assert set(np.unique(a["actions"])) <= {-1.0, 0.0, 1.0}
         np.testing.assert_array_equal(a["sample"], (a["actions"][:, :, 0] + 1).astype(np.int32))   # 3 bins
+    check_lerobot_round_trip(tmp_path / "demos")
+
+
+def check_lerobot_round_trip(run):
+    """collect --format lerobot: the whole episodes of the shards, read back by the LeRobot reader
+    (sft --demos), are the same frames: state, actions, instructions exact, pictures through H.264;
+    the folder has the v3.0 layout's files and episode columns (as tests/test_lerobot.py's
+    fixture, written from LeRobot's own writer, has them)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from rlvla3.cluster.compose import compose
+    from rlvla3.policies.prompts import instruction_encoder
+    from rlvla3.tools.episodes import RecordedEpisodes
+    from rlvla3.tools.lerobot_dataset import load_lerobot
+    from tests.test_lerobot import FIXTURE_EPISODE_COLUMNS
+
+    cfg = compose(["+experiment=toy"])
+    recorded = RecordedEpisodes(run)
+    episodes = list(recorded)
+    assert len(episodes) >= 24 and recorded.partial > 0, "unfinished episodes are left out"
+    info = json.loads((run / "lerobot" / "meta" / "info.json").read_text())
+    assert info["codebase_version"] == "v3.0" and info["total_episodes"] == len(episodes)
+    columns = set(pq.read_schema(run / "lerobot" / "meta" / "episodes" / "chunk-000" / "file-000.parquet").names)
+    assert FIXTURE_EPISODE_COLUMNS <= columns, FIXTURE_EPISODE_COLUMNS - columns
+    rows = load_lerobot(run / "lerobot", cfg)
+    np.testing.assert_array_equal(rows["proprio"], np.concatenate([e["proprio"] for e in episodes]))
+    np.testing.assert_array_equal(rows["actions"], np.concatenate([e["actions"][:, 0] for e in episodes]))
+    encode = instruction_encoder(cfg.policy)
+    np.testing.assert_array_equal(rows["tokens"], np.stack([encode(e["task"]) for e in episodes for _ in e["proprio"]]))
+    assert np.flatnonzero(rows["ended"]).tolist() == list(np.cumsum([len(e["proprio"]) for e in episodes]) - 1)
+    source = np.concatenate([e["images"] for e in episodes]).astype(int)
+    err = np.abs(rows["images"].astype(int) - source).mean((1, 2, 3, 4))
+    shifted = np.abs(rows["images"][1:].astype(int) - source[:-1]).mean((1, 2, 3, 4))
+    assert err.max() < 8 and (err[1:] < shifted).mean() > 0.9, (err.max(), (err[1:] < shifted).mean())   # lossy, own pictures
 
 
 def test_expert_sample_layouts():

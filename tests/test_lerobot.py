@@ -74,6 +74,13 @@ def frame_table(episodes: list[dict], tasks: dict[str, int], first_index: int = 
                      **{k: pa.array(cols[k], pa.int64()) for k in ("frame_index", "episode_index", "index", "task_index")}})
 
 
+# The columns of a v3.0 meta/episodes parquet that readers locate an episode by (write_v30 below).
+FIXTURE_EPISODE_COLUMNS = {"episode_index", "tasks", "length", "data/chunk_index", "data/file_index",
+                           "dataset_from_index", "dataset_to_index", f"videos/{CAM}/chunk_index",
+                           f"videos/{CAM}/file_index", f"videos/{CAM}/from_timestamp", f"videos/{CAM}/to_timestamp",
+                           "meta/episodes/chunk_index", "meta/episodes/file_index"}
+
+
 def big(frames: np.ndarray) -> np.ndarray:
     return frames.repeat(SIDE // frames.shape[1], 1).repeat(SIDE // frames.shape[2], 2)
 
@@ -152,6 +159,11 @@ def test_a_lerobot_dataset_reads_onto_the_envs_spec(tmp_path, writer):
     episodes = expert_episodes(6)
     cfg = compose(["+experiment=toy"])
     rows = load_lerobot(writer(tmp_path / "ds", episodes), cfg)
+    if writer is write_v30:
+        import pyarrow.parquet as pq
+
+        meta = tmp_path / "ds" / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+        assert set(pq.read_schema(meta).names) == FIXTURE_EPISODE_COLUMNS
     n = sum(len(ep["frames"]) for ep in episodes)
     assert rows["images"].shape == (n, 1, 21, 21, 3) and rows["actions"].shape == (n, 2)
     assert np.array_equal(rows["proprio"], np.concatenate([ep["state"] for ep in episodes]))

@@ -45,6 +45,17 @@ def check_videos(run_dir, n: int) -> None:
     assert len(list((run_dir / "wandb").glob("offline-run-*/files/media/videos/videos/*.mp4"))) == n
 
 
+def check_rollouts_as_lerobot(folder, result: dict) -> None:
+    """evaluate --lerobot: the evaluation's episodes, every one and no more, with their outcomes."""
+    import pyarrow.parquet as pq
+
+    info = json.loads((folder / "meta" / "info.json").read_text())
+    frames = pq.read_table(folder / "data" / "chunk-000" / "file-000.parquet")
+    succeeded = set(frames.filter(frames.column("next.success")).column("episode_index").to_pylist())
+    assert info["total_episodes"] == result["episodes"] and len(succeeded) == result["successes"], (info, result)
+    assert info["total_frames"] == frames.num_rows and frames.column("next.done").to_pylist().count(True) == result["episodes"]
+
+
 def test_wilson_interval_matches_known_values():
     lo, hi = wilson(50, 100)
     assert abs(lo - 0.4038) < 1e-3 and abs(hi - 0.5962) < 1e-3
@@ -60,9 +71,10 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
               "--out", str(tmp_path / "sft.pt"))
     assert "loss" in out.stdout
     run("rlvla3.evaluate", "--checkpoint", str(tmp_path / "sft.pt"), "--episodes", "64", "--out", str(tmp_path / "eval"),
-        "--videos", "3", "+experiment=toy", "runtime.wandb=true", "runtime.wandb_mode=offline")
+        "--videos", "3", "--lerobot", "+experiment=toy", "runtime.wandb=true", "runtime.wandb_mode=offline")
     r = json.loads((tmp_path / "eval" / "eval.json").read_text())
     check_videos(tmp_path / "eval", 3)
+    check_rollouts_as_lerobot(tmp_path / "eval" / "lerobot", r)
     print(r)
     assert r["episodes"] == 64, "whole rounds of env.num_envs=16 episodes"
     # A uniform-random policy succeeds ~23% of the time on toy (tests/test_learning.py).

@@ -62,6 +62,8 @@ BAD_DIR = ".bad"
 # episodic segments (grpo, evaluation) `reset_digests` (crc32 of each env's first observation:
 # equal within a GRPO group, or the group's episodes did not start from one state) and
 # `reset_seeds` (each env's reset seed: which initial state the segment's episode started from).
+# `instructions` (per env, [row, text] wherever its instruction text changes: the text a row's
+# tokens encode; absent in shards written before it was recorded).
 ARRAYS = ("images", "proprio", "tokens", "sample", "actions", "logprobs", "values", "rewards",
           "terminated", "truncated", "success", "env_steps", "valid", "versions")
 

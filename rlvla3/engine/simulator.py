@@ -26,7 +26,7 @@ import time
 import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -55,9 +55,20 @@ RESETTING, SEND, WAIT_ACTION, STEPPING, WAIT_BOOTSTRAP = GroupState
 
 @dataclass
 class SegmentBuffer:
-    """Time-major arrays of one segment being recorded ([T, N, ...])."""
+    """Time-major arrays of one segment being recorded ([T, N, ...]), and each env's instruction
+    text where it changes (`texts[n]`: [row, text] pairs; the shard's `instructions` attribute),
+    which the tokens encode but cannot always give back (a hashed vocabulary is one way)."""
 
     arrays: dict[str, np.ndarray]
+    texts: list[list] = field(default_factory=list)
+
+    def note_texts(self, t: int, texts: list[str]) -> None:
+        """Row t was decided under these instructions (one per env)."""
+        if not self.texts:
+            self.texts = [[] for _ in texts]
+        for mine, text in zip(self.texts, texts):
+            if not mine or mine[-1][1] != text:
+                mine.append([t, text])
 
     @classmethod
     def allocate(cls, T: int, n: int, sp) -> "SegmentBuffer":
@@ -107,6 +118,7 @@ class GroupLoop:
         self.obs_buf = sim.obs_codec.alloc(g.size)
         self.reply_buf = sim.act_codec.alloc(g.size)
         self.cur = {"images": None, "proprio": None, "tokens": None}
+        self.cur_texts: list[str] = []               # the instructions the tokens of `cur` encode
         self.seq, self.t = first_seq, 0
         self.ret = np.zeros(g.size, np.float32)      # running episode return per env
         self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
@@ -174,6 +186,7 @@ class GroupLoop:
         s, t = self.seg.arrays, self.t
         for k in ("images", "proprio", "tokens"):
             s[k][t] = self.cur[k]
+        self.seg.note_texts(t, self.cur_texts)
         s["sample"][t] = r["sample"]
         s["actions"][t] = r["action"]
         s["valid"][t] = self.alive
@@ -199,6 +212,7 @@ class GroupLoop:
             if self.episodic and not self.alive.any() and not self.sim.world.lockstep:
                 self._pad_segment()
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
+        self.cur_texts = out.instructions
         if self.state == RESETTING and self.episodic:
             self.reset_digests = [obs_digest(out.images[i], out.proprio[i]) for i in range(self.g.size)]
             self.reset_seeds = out.reset_seeds.tolist()
@@ -316,6 +330,7 @@ class Simulator:
         g = group.g
         name, attrs = segment_meta(self.cfg, self.world, g, group.seq, self.rank)
         arrays = group.seg.arrays
+        attrs["instructions"] = group.seg.texts
         group.seg = SegmentBuffer.allocate(group.T, g.size, self.spec)
         if group.episodic:
             attrs["reset_digests"], attrs["reset_seeds"] = group.reset_digests, group.reset_seeds

@@ -126,6 +126,7 @@ class GroupStep:
     step_s: float            # max over envs
     reset_s: float           # sum over envs that reset
     reset_seeds: np.ndarray  # int64 [n]: each env's reset seed where this result starts an episode, else -1
+    instructions: list[str]  # [n]: each env's instruction text (the tokens encode it)
 
 
 class _GroupBase:
@@ -158,6 +159,7 @@ class _GroupBase:
             step_s=max(o.step_s for o in outs),
             reset_s=sum(o.reset_s for o in outs),
             reset_seeds=np.array([o.obs.reset_seed for o in outs], np.int64),
+            instructions=[o.obs.instruction for o in outs],
         )
 
     @staticmethod

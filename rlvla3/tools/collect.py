@@ -11,6 +11,9 @@ expert step each (chunk 1; a chunked policy's SFT takes consecutive rows), `logp
 (token families: the nearest bin ids; pi0: a chain whose last step is the action).
 
     python -m rlvla3.collect env=robosuite_lift env.num_envs=4 cluster.sim_ranks=2 --episodes 20
+
+`--format lerobot` also writes the whole episodes as a LeRobotDataset v3.0 in <out>/lerobot
+(tools/lerobot_dataset.py), which `python -m rlvla3.sft --demos <out>/lerobot` reads back.
 """
 from __future__ import annotations
 
@@ -90,6 +93,7 @@ def rank_main(run_dir: Path, episodes: int) -> None:
 def _record(x: dict, res, sp, cfg) -> None:
     s, t, prev = x["seg"].arrays, x["t"], x["cur"]
     s["images"][t], s["proprio"][t], s["tokens"][t] = prev.images, prev.proprio, prev.tokens
+    x["seg"].note_texts(t, prev.instructions)
     s["actions"][t] = res.actions[:, None]
     s["sample"][t] = expert_sample(sp.sample, res.actions, cfg.policy.action_bins)
     s["rewards"][t], s["terminated"][t], s["truncated"][t], s["success"][t] = (
@@ -107,7 +111,8 @@ def _publish(x: dict, out: Path, world, sp, cfg, rank: int) -> None:
 
     g = x["g"]
     name, attrs = segment_meta(cfg, world, g, x["seq"], rank)
-    shards.write_shard(out, name, x["seg"].arrays, np.zeros(g.size, np.float32), {**attrs, "source": "expert"})
+    shards.write_shard(out, name, x["seg"].arrays, np.zeros(g.size, np.float32),
+                       {**attrs, "source": "expert", "instructions": x["seg"].texts})
     x["seg"] = SegmentBuffer.allocate(cfg.algo.segment_steps, g.size, sp)
     x["seq"] += 1
     x["t"] = 0
@@ -118,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=20, help="episodes in total (spread over the env groups)")
     ap.add_argument("--out", default="", help="run folder (default runs/demos/<date>-<time>)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds for the whole collection")
+    ap.add_argument("--format", choices=["shards", "lerobot"], default="shards",
+                    help="lerobot: also write the whole episodes as a LeRobotDataset v3.0 in <out>/lerobot")
     ap.add_argument("--rank-main", default="", help=argparse.SUPPRESS)   # set by the launcher for each rank
     ap.add_argument("overrides", nargs="*", help="config overrides, as for python -m rlvla3.launch")
     a = ap.parse_intermixed_args(argv)
@@ -153,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     rc = subprocess.run(cmd, env=mpi_env(), timeout=a.timeout).returncode
     if rc == 0:
         print(summarize(run_dir))
+    if rc == 0 and a.format == "lerobot":
+        from .lerobot_dataset import export_lerobot
+
+        print(export_lerobot(run_dir, cfg))
     return rc
 
 

@@ -1,10 +1,12 @@
 """An evaluation run's episodes, shared by `python -m rlvla3.evaluate` and its LIBERO protocol:
 the config that makes a run evaluate whole episodes, reading them back from its shards, and the
-Wilson interval of a success rate."""
+Wilson interval of a success rate; and any run's recorded episodes, whole, for an export."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
+
+import numpy as np
 
 
 def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -55,3 +57,56 @@ def count(run_dir: Path, versions: int) -> tuple[int, int]:
     """(successes, episodes) of an evaluation run's first `versions` rollout steps."""
     eps = list(whole_episodes(run_dir, versions))
     return sum(s for _, s, _ in eps), len(eps)
+
+
+def text_at(changes: list, row: int) -> str:
+    """The instruction of `row` from an env's [row, text] changes (a shard's `instructions`)."""
+    return next(text for r, text in reversed(changes) if r <= row)
+
+
+class RecordedEpisodes:
+    """Every whole episode a run's shards recorded, demonstrations (episodes run across segments)
+    and rollouts alike, group after group, each env's in the order they ended: dicts of images
+    [T, cams, H, W, 3], proprio [T, P], actions [T, K, D], rewards [T], success (bool), task
+    (the instruction text), seed (its reset seed, -1 when not recorded) and env_id. An episode
+    still running when its group stopped is left out and counted in `partial` once iterated.
+    `versions`: only the shards of the first `versions` rollout steps (an evaluation's count)."""
+
+    def __init__(self, run_dir: Path, versions: int | None = None):
+        self.run_dir, self.versions = Path(run_dir), versions
+        self.partial = 0
+
+    def __iter__(self):
+        from ..engine import shards
+
+        by_group: dict[int, list[str]] = {}
+        for n in shards.scan(self.run_dir / "shards"):
+            step, gid, _ = shards.parse_name(n)
+            if self.versions is None or step < self.versions:
+                by_group.setdefault(gid, []).append(n)
+        self.partial = 0
+        for _, names in sorted(by_group.items()):
+            running: dict[int, dict] = {}   # env column -> its episode so far
+            for n in sorted(names, key=lambda n: shards.parse_name(n)[2]):
+                a, attrs = shards.read_shard(self.run_dir / "shards" / n)
+                if "instructions" not in attrs:
+                    raise RuntimeError(f"shard {n}: no `instructions` attribute (written before rlvla3 recorded "
+                                       "instruction texts), so its episodes have no task strings; record them again")
+                seeds = attrs.get("reset_seeds") or [-1] * attrs["n_envs"]
+                for e, env_id in enumerate(attrs["env_ids"]):
+                    for t in np.flatnonzero(a["valid"][:, e]).tolist():
+                        ep = running.setdefault(e, {"rows": [], "seed": int(seeds[e]), "env_id": env_id,
+                                                    "task": text_at(attrs["instructions"][e], t)})
+                        ep["rows"].append((a, e, t))
+                        if a["terminated"][t, e] or a["truncated"][t, e]:
+                            yield _episode(running.pop(e))
+            self.partial += len(running)
+
+
+def _episode(ep: dict) -> dict:
+    def rows(key: str) -> np.ndarray:
+        return np.stack([a[key][t, e] for a, e, t in ep["rows"]])
+
+    return {"images": rows("images"), "proprio": rows("proprio"), "actions": rows("actions"),
+            "rewards": rows("rewards"), "success": bool(rows("success").any()), "task": ep["task"],
+            "seed": ep["seed"], "env_id": ep["env_id"]}

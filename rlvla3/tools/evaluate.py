@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-train-states", action="store_true",
                     help="--protocol libero: evaluate a checkpoint trained on the fixed states (not held out)")
     ap.add_argument("--videos", type=int, default=2, help="mp4 of the first N episodes of each task (0: none)")
+    ap.add_argument("--lerobot", action="store_true", help="also write the episodes as a LeRobotDataset v3.0 in <out>/lerobot")
     ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
     a = ap.parse_intermixed_args(argv)
     from .. import config
@@ -105,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     from .videos import episode_videos
 
     episode_videos(run_dir, cfg.algo.max_versions, a.videos, lambda seed: task)
+    if a.lerobot:
+        from .lerobot_dataset import export_lerobot
+
+        print(export_lerobot(run_dir, cfg, cfg.algo.max_versions))
     return 0
 
 

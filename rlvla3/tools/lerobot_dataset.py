@@ -1,5 +1,7 @@
 """A LeRobotDataset folder (format v3.0, or v2.1) as demonstrations for SFT: `python -m rlvla3.sft
---demos <dataset folder>` reads it as it reads the project's own demonstration shards.
+--demos <dataset folder>` reads it as it reads the project's own demonstration shards. And out:
+`LeRobotWriter` writes v3.0, `export_run` a run's recorded episodes (`collect --format lerobot`,
+`evaluate --lerobot`).
 
 Read with pyarrow and PyAV, not the `lerobot` package (it pins torch and transformers against
 this environment). What is read:
@@ -156,6 +158,15 @@ def decode_image(cell) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(cell["bytes"])).convert("RGB"))
 
 
+def crop(frames: np.ndarray, feature: dict) -> np.ndarray:
+    """Decoded frames cut to the feature's height and width: an encoder pads odd sides to even
+    ones (yuv420p), so a 21x21 camera comes back 22x22."""
+    names, shape = feature.get("names") or ["height", "width", "channels"], feature["shape"]
+    if "height" not in names or "width" not in names:
+        return frames
+    return frames[:, :shape[names.index("height")], :shape[names.index("width")]]
+
+
 def fit(frames: np.ndarray, size: int) -> np.ndarray:
     """Frames [n, H, W, 3] at the env's square image size (area resampling, as a camera downscale)."""
     if frames.shape[1:3] == (size, size):
@@ -201,7 +212,7 @@ def load_lerobot(folder: Path, cfg, cameras: dict[str, str] | None = None) -> di
         for cam, key in cams.items():
             if info["features"][key]["dtype"] == "video":
                 rel, start = video_file(info, ep, key)
-                frames = videos.at(rel, start + column(rows, "timestamp").astype(np.float64))
+                frames = crop(videos.at(rel, start + column(rows, "timestamp").astype(np.float64)), info["features"][key])
             else:
                 frames = np.stack([decode_image(c) for c in rows.column(key).to_pylist()])
             views.append(fit(frames, cfg.env.image_size))
@@ -215,3 +226,183 @@ def load_lerobot(folder: Path, cfg, cameras: dict[str, str] | None = None) -> di
         ended[-1] = True
         parts["ended"].append(ended)
     return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+# ---------------------------------------------------------------- out: writing a v3.0 dataset
+DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+
+
+def vector_feature(dtype: str, size: int, prefix: str) -> dict:
+    return {"dtype": dtype, "shape": [size], "names": [f"{prefix}_{i}" for i in range(size)]}
+
+
+def video_feature(height: int, width: int, fps: int, codec: str) -> dict:
+    """The camera's frames are [height, width]; the file's, padded to even sides (yuv420p), are
+    what "video.height" / "video.width" say."""
+    return {"dtype": "video", "shape": [height, width, 3], "names": ["height", "width", "channels"],
+            "info": {"video.height": height + height % 2, "video.width": width + width % 2, "video.codec": codec,
+                     "video.pix_fmt": "yuv420p",
+                     "video.is_depth_map": False, "video.fps": fps, "video.channels": 3, "has_audio": False}}
+
+
+class RunningStats:
+    """min, max, mean, std and count of a feature over every frame written, as meta/stats.json
+    keeps them (images: per channel, in [0, 1], shaped [3, 1, 1])."""
+
+    def __init__(self):
+        self.n, self.sum, self.sq, self.lo, self.hi = 0, 0.0, 0.0, None, None
+
+    def add(self, x: np.ndarray) -> None:
+        """x [n, ...values]: reduced over every axis but the last."""
+        x = x.reshape(-1, x.shape[-1]).astype(np.float64)
+        self.n += len(x)
+        self.sum, self.sq = self.sum + x.sum(0), self.sq + (x * x).sum(0)
+        lo, hi = x.min(0), x.max(0)
+        self.lo = lo if self.lo is None else np.minimum(self.lo, lo)
+        self.hi = hi if self.hi is None else np.maximum(self.hi, hi)
+
+    def to_json(self, shape=None) -> dict:
+        mean = self.sum / self.n
+        std = np.sqrt(np.maximum(self.sq / self.n - mean * mean, 0.0))
+        out = {"min": self.lo, "max": self.hi, "mean": mean, "std": std}
+        return {**{k: (v.reshape(shape) if shape else v).tolist() for k, v in out.items()}, "count": [self.n]}
+
+
+class LeRobotWriter:
+    """A LeRobotDataset v3.0 folder written episode by episode (`add_episode`), finished by
+    `close`: every frame in one data parquet, each camera's frames one after another in one mp4
+    (`observation.images.<camera>`, H.264), the episodes' rows in meta/episodes, the task strings in
+    meta/tasks.parquet, meta/info.json and meta/stats.json. Frames are what the env gave the policy
+    (one per env step), actions the env actions in [-1, 1]; `next.reward`, `next.done` and
+    `next.success` keep what the step returned. Held in memory: the tabular rows, never the frames."""
+
+    def __init__(self, folder: Path, cameras: list[str], fps: int, robot_type: str = ""):
+        from .videos import Mp4Writer
+
+        self.folder, self.cameras, self.fps, self.robot_type = Path(folder), list(cameras), int(fps), robot_type
+        if (self.folder / "meta" / "info.json").exists():
+            raise DatasetError(f"{self.folder}: a dataset is already there (meta/info.json); choose another folder")
+        self.keys = [f"observation.images.{c}" for c in self.cameras]
+        self.videos = {}
+        for key in self.keys:
+            path = self.folder / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.videos[key] = Mp4Writer(path, self.fps)
+        self.rows: dict[str, list] = {k: [] for k in ("observation.state", "action", "next.reward", "next.done",
+                                                      "next.success", *INDEX_FEATURES)}
+        self.episodes: list[dict] = []
+        self.tasks: dict[str, int] = {}
+        self.stats = {k: RunningStats() for k in ("observation.state", "action", "next.reward", *self.keys)}
+        self.shape: tuple[int, int, int, int] | None = None   # (H, W, state size, action size)
+
+    def add_episode(self, images: np.ndarray, state: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                    success: bool, task: str) -> None:
+        """images [T, cams, H, W, 3] uint8, state [T, P], actions [T, D], rewards [T]; `success`:
+        the episode reached its goal (on its last frame)."""
+        T = len(images)
+        if images.shape[1] != len(self.keys):
+            raise DatasetError(f"episode {len(self.episodes)}: {images.shape[1]} camera image(s), the dataset has "
+                               f"{len(self.keys)} ({self.keys})")
+        shape = (images.shape[2], images.shape[3], state.shape[1], actions.shape[1])
+        if self.shape is not None and shape != self.shape:
+            raise DatasetError(f"episode {len(self.episodes)}: (H, W, state, action) sizes {shape} differ from the "
+                               f"dataset's {self.shape}")
+        self.shape = shape
+        first, start = len(self.rows["index"]), self.videos[self.keys[0]].frames if self.keys else 0
+        task = self.tasks.setdefault(task, len(self.tasks))
+        done = np.arange(T) == T - 1
+        for k, v in (("observation.state", state), ("action", actions), ("next.reward", rewards[:, None])):
+            self.stats[k].add(v)
+        self.rows["observation.state"] += state.astype(np.float32).tolist()
+        self.rows["action"] += actions.astype(np.float32).tolist()
+        self.rows["next.reward"] += rewards.astype(np.float32).tolist()
+        self.rows["next.done"] += done.tolist()
+        self.rows["next.success"] += (done & success).tolist()
+        self.rows["timestamp"] += (np.arange(T) / self.fps).astype(np.float32).tolist()
+        self.rows["frame_index"] += list(range(T))
+        self.rows["episode_index"] += [len(self.episodes)] * T
+        self.rows["index"] += list(range(first, first + T))
+        self.rows["task_index"] += [task] * T
+        ep = {"episode_index": len(self.episodes), "tasks": [self._task_text(task)], "length": T,
+              "data/chunk_index": 0, "data/file_index": 0, "dataset_from_index": first, "dataset_to_index": first + T,
+              "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
+        for c, key in enumerate(self.keys):
+            frames = images[:, c]
+            self.videos[key].add(frames)
+            self.stats[key].add(frames[::max(1, T // 8)] / 255.0)   # a few frames an episode: channel statistics
+            ep.update({f"videos/{key}/chunk_index": 0, f"videos/{key}/file_index": 0,
+                       f"videos/{key}/from_timestamp": start / self.fps, f"videos/{key}/to_timestamp": (start + T) / self.fps})
+        self.episodes.append(ep)
+
+    def _task_text(self, index: int) -> str:
+        return next(t for t, i in self.tasks.items() if i == index)
+
+    def close(self) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for w in self.videos.values():
+            w.close()
+        if not self.episodes:
+            raise DatasetError(f"{self.folder}: no whole episode to write")
+        h, w, p, d = self.shape
+        r = self.rows
+        data = self.folder / DATA_PATH.format(chunk_index=0, file_index=0)
+        data.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({
+            "observation.state": pa.array(r["observation.state"], pa.list_(pa.float32(), p)),
+            "action": pa.array(r["action"], pa.list_(pa.float32(), d)),
+            "next.reward": pa.array(r["next.reward"], pa.float32()), "next.done": pa.array(r["next.done"], pa.bool_()),
+            "next.success": pa.array(r["next.success"], pa.bool_()), "timestamp": pa.array(r["timestamp"], pa.float32()),
+            **{k: pa.array(r[k], pa.int64()) for k in ("frame_index", "episode_index", "index", "task_index")}}), data)
+        meta = self.folder / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(self.episodes), meta)
+        pq.write_table(pa.table({"task_index": pa.array(list(self.tasks.values()), pa.int64()), "task": list(self.tasks)}),
+                       self.folder / "meta" / "tasks.parquet")
+        stats = {k: s.to_json([3, 1, 1] if k in self.keys else None) for k, s in self.stats.items()}
+        (self.folder / "meta" / "stats.json").write_text(json.dumps(stats, indent=1))
+        (self.folder / "meta" / "info.json").write_text(json.dumps(self.info(h, w, p, d), indent=2))
+        return self.folder
+
+    def info(self, h: int, w: int, p: int, d: int) -> dict:
+        scalar = {"shape": [1], "names": None}
+        features = {**{k: video_feature(h, w, self.fps, "h264") for k in self.keys},
+                    "observation.state": vector_feature("float32", p, "state"),
+                    "action": vector_feature("float32", d, "action"),
+                    "next.reward": {"dtype": "float32", **scalar}, "next.done": {"dtype": "bool", **scalar},
+                    "next.success": {"dtype": "bool", **scalar}, "timestamp": {"dtype": "float32", **scalar},
+                    **{k: {"dtype": "int64", **scalar} for k in ("frame_index", "episode_index", "index", "task_index")}}
+        n = len(self.rows["index"])
+        return {"codebase_version": "v3.0", "robot_type": self.robot_type or None, "total_episodes": len(self.episodes),
+                "total_frames": n, "total_tasks": len(self.tasks), "chunks_size": 1000, "data_files_size_in_mb": 100,
+                "video_files_size_in_mb": 500, "fps": self.fps, "splits": {"train": f"0:{len(self.episodes)}"},
+                "data_path": DATA_PATH, "video_path": VIDEO_PATH, "features": features}
+
+
+def export_run(run_dir: Path, out: Path, cfg, versions: int | None = None) -> tuple[int, int]:
+    """The whole episodes of a run's shards (demonstrations, or the first `versions` rollout
+    steps of an evaluation) as a LeRobotDataset v3.0 in `out`, one frame per env step at
+    env.control_freq. Returns (episodes written, episodes left out because they had not ended)."""
+    from ..envs import env_dims
+    from .episodes import RecordedEpisodes
+
+    if cfg.policy.chunk != 1:
+        raise DatasetError(f"policy.chunk={cfg.policy.chunk}: the run recorded one observation per {cfg.policy.chunk} env "
+                           "steps, and a LeRobotDataset frame is one env step; export a run with policy.chunk=1")
+    episodes = RecordedEpisodes(run_dir, versions)
+    cameras = list(cfg.env.cameras)[:env_dims(cfg).cameras]
+    writer = LeRobotWriter(out, cameras, cfg.env.control_freq, robot_type=cfg.env.name)
+    for ep in episodes:
+        writer.add_episode(ep["images"], ep["proprio"], ep["actions"][:, 0], ep["rewards"], ep["success"], ep["task"])
+    writer.close()
+    return len(writer.episodes), episodes.partial
+
+
+def export_lerobot(run_dir: Path, cfg, versions: int | None = None) -> str:
+    """<run>/lerobot: the run's whole episodes as a LeRobotDataset; says where and how many."""
+    written, partial = export_run(run_dir, run_dir / "lerobot", cfg, versions)
+    return (f"LeRobotDataset v3.0: {written} episode(s) in {run_dir / 'lerobot'}"
+            + (f" ({partial} unfinished when the run stopped, left out)" if partial else ""))

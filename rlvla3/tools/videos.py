@@ -25,21 +25,50 @@ def episodes_with_frames(run_dir: Path, versions: int):
             yield int(seed), bool(success[e]), np.concatenate(list(images.transpose(1, 0, 2, 3, 4)), axis=2)
 
 
-def write_mp4(path: Path, frames: np.ndarray, fps: int = FPS, codec: str = "libx264") -> Path:
-    """`codec` (H.264 by default: what browsers and W&B play) in yuv420p, sides padded to even
-    sizes as it needs."""
-    import av
+class Mp4Writer:
+    """An mp4 file written frame batch by frame batch (`add`), closed by `close` or a `with`
+    block: `codec` (H.264 by default: what browsers and W&B play) in yuv420p, sides padded to
+    even sizes as it needs (the padding is the edge pixels repeated)."""
 
-    t, h, w, _ = frames.shape
-    frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+    def __init__(self, path: Path, fps: int = FPS, codec: str = "libx264"):
+        import av
+
+        self.path, self.fps, self.codec = Path(path), fps, codec
+        self.out = av.open(str(path), "w")
+        self.stream = None
+        self.frames = 0
+
+    def add(self, frames: np.ndarray) -> None:
+        """frames [T, H, W, 3] uint8 (every call the same H and W)."""
+        import av
+
+        t, h, w, _ = frames.shape
+        frames = np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+        if self.stream is None:
+            self.stream = self.out.add_stream(self.codec, rate=self.fps)
+            self.stream.width, self.stream.height, self.stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
         for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
+            for packet in self.stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
+                self.out.mux(packet)
+        self.frames += t
+
+    def close(self) -> None:
+        if self.stream is not None:
+            for packet in self.stream.encode():
+                self.out.mux(packet)
+        self.out.close()
+
+    def __enter__(self) -> "Mp4Writer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_mp4(path: Path, frames: np.ndarray, fps: int = FPS, codec: str = "libx264") -> Path:
+    """One mp4 of frames [T, H, W, 3] (Mp4Writer's codec and padding)."""
+    with Mp4Writer(path, fps, codec) as w:
+        w.add(frames)
     return path
 
 
