@@ -396,6 +396,24 @@ class RuntimeConfig:
     evaluate: bool = False
     """No optimizer steps: weights never change, and every segment is one whole episode of each
     env from its own seed (python -m rlvla3.evaluate sets it)."""
+    eval_every: int = 0
+    """Every N versions Trainer 0 evaluates that version's checkpoint while training goes on: a
+    process of its own (`python -m rlvla3.evaluate --of-run`) runs held-out episodes on
+    evaluation envs of its own, logs success with its Wilson interval against the version, and
+    keeps the best checkpoint by held-out success as ckpt/best.pt (0: never)."""
+    eval_episodes: int = 16
+    """runtime.eval_every: episodes per evaluation (rounded up to whole rounds of eval_envs)."""
+    eval_envs: int = 2
+    """runtime.eval_every: envs of the evaluation process (its env.num_envs)."""
+    eval_seed: int = 1_000_003
+    """runtime.eval_every: episode seeds derive from this, not from the training seed, so the
+    evaluation's initial states are never the training ones; the same every version, so versions
+    are compared on the same states."""
+    eval_videos: int = 1
+    """runtime.eval_every: mp4 of the first N episodes of each task per evaluation, logged
+    against the version (0: none)."""
+    eval_timeout: float = 1800.0
+    """runtime.eval_every: seconds one evaluation may take before it is stopped (a failure)."""
     max_wall: float = 86400.0
     """Seconds the launcher waits for the whole job before killing it."""
 

@@ -397,9 +397,25 @@ def validate(cfg: RunConfig) -> None:
     _require(not rt.wandb or importlib.util.find_spec("wandb") is not None, "runtime.wandb", rt.wandb,
              "needs the wandb package: pip install -e '.[wandb]' (or runtime.wandb=false)")
     _require(rt.ckpt_every >= 1, "runtime.ckpt_every", rt.ckpt_every, "must be >= 1 (checkpoint every N versions)")
+    validate_eval(cfg)
     _require(rt.liveness_timeout > 2 * rt.heartbeat_interval, "runtime.liveness_timeout",
              rt.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")
     _require(sum(len(r) for r in plan) < 30000, "sharding.plan", "too many groups", "keep under 30000 groups (MPI tag range)")
+
+
+def validate_eval(cfg: RunConfig) -> None:
+    """runtime.eval_every and its settings (evaluation while training)."""
+    rt = cfg.runtime
+    _require(rt.eval_every >= 0, "runtime.eval_every", rt.eval_every, "must be >= 0 (0: no evaluation while training)")
+    if not rt.eval_every:
+        return
+    _require(cfg.policy.name != "emulated", "runtime.eval_every", rt.eval_every,
+             "needs a policy with weights to evaluate (policy=emulated has none); set runtime.eval_every=0")
+    _require(not rt.evaluate, "runtime.eval_every", rt.eval_every, "an evaluation run does not evaluate itself again")
+    for name in ("eval_episodes", "eval_envs"):
+        _require(getattr(rt, name) >= 1, f"runtime.{name}", getattr(rt, name), "must be >= 1")
+    _require(rt.eval_videos >= 0, "runtime.eval_videos", rt.eval_videos, "must be >= 0 (0: no videos)")
+    _require(rt.eval_timeout > 0, "runtime.eval_timeout", rt.eval_timeout, "must be > 0 (seconds)")
 
 
 SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # what may reach an #SBATCH line unquoted

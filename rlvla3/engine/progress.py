@@ -37,6 +37,14 @@ class Progress:
               end=end, flush=True)
         self.open_bar = not end
 
+    def note(self, line: str) -> None:
+        """A line of its own between versions (an evaluation's result); a bar is redrawn below it
+        at the next version."""
+        if self.open_bar:
+            print("\r\x1b[K", end="")
+        print(line, flush=True)
+        self.open_bar = False
+
     def close(self) -> None:
         """End a bar's line (a run stopped before its last version: preemption, failure)."""
         if self.open_bar:

@@ -1,6 +1,7 @@
 """Where Trainer rank 0's per-version scalars go besides metrics/ (which always holds them):
 TensorBoard (runtime.tensorboard) and Weights & Biases (runtime.wandb). Both get every scalar
-against the version and against the env steps so far, and the resolved config once.
+against the version and against the env steps so far, and the resolved config once; held-out
+evaluations (runtime.eval_every) as eval/* against the version they evaluated.
 
 A resumed run continues the same W&B run: its id is kept in <run>/wandb_id.txt, and the
 versions it had logged are not logged twice (W&B refuses steps that go backwards).
@@ -39,6 +40,23 @@ class ScalarSinks:
         if self.wb is not None and version > self.wb.summary.get("version", 0):
             self.wb.log({**rec, "version": version, "env_steps_total": self.env_steps})
 
+    def log_eval(self, res: dict, version: int, env_steps: int) -> None:
+        """A held-out evaluation of `version` (engine/evaluator.py), which ends while later versions
+        train: eval/* scalars against that version (and its env steps), its videos to W&B (the
+        evaluation process put them in TensorBoard itself)."""
+        scalars = {f"eval/{k}": res[k] for k in ("success", "success_lo", "success_hi", "episodes")}
+        if self.tb is not None:
+            for key, v in scalars.items():
+                self.tb.add_scalar(key, v, version)
+                self.tb.add_scalar(f"by_env_steps/{key}", v, env_steps)
+            self.tb.flush()
+        if self.wb is not None:
+            import wandb
+
+            media = {f"eval_videos/{p.stem}": wandb.Video(str(p), format="mp4") for p in res["videos"]}
+            # Its own x-axis: "version" stays the newest trained version (a resume reads it back).
+            self.wb.log({**scalars, **media, "eval/version": version})
+
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
@@ -59,5 +77,8 @@ def start_wandb(cfg, run_dir: Path):
                      config=dataclasses.asdict(cfg))
     run.define_metric("version")
     run.define_metric("env_steps_total")
+    run.define_metric("eval/version")
+    run.define_metric("eval/*", step_metric="eval/version")
+    run.define_metric("eval_videos/*", step_metric="eval/version")
     run.define_metric("*", step_metric="version")
     return run

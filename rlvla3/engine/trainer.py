@@ -39,7 +39,7 @@ import numpy as np
 from .. import notices
 from ..config import RunConfig
 from ..world import World, spec
-from . import checkpoints, shards, weights
+from . import checkpoints, evaluator, shards, weights
 from .learners import LOSS_KEYS, EmulatedLearner
 from .progress import Progress
 from .protocol import CheckpointAck, ShardReady, Slice, Stop, Tag, TrainOrder, WeightsHeader
@@ -102,12 +102,16 @@ class Trainer:
         self.stopping = False
         self.done = False
         self.sinks = None
+        self.evaluator: evaluator.Evaluator | None = None   # Trainer 0 with runtime.eval_every
+        self.evaluations: list[dict] = []   # their results, this job's
         self.learner.connect(transport, world.train_ranks)
         if cfg.resume:
             self._resume()
         if self.leader:
             self.ckpt_dir.mkdir(exist_ok=True)
             self.sinks = ScalarSinks(cfg, run_dir, self.history)
+            if cfg.runtime.eval_every:
+                self.evaluator = evaluator.Evaluator(cfg, run_dir, self._note)
         self.t0 = time.time()
         self.progress = Progress(cfg.algo.max_versions, self.version, notices.console_is_tty())
         self._publish(cfg.runtime.startup_timeout)   # the Generators may still be building their models
@@ -256,16 +260,21 @@ class Trainer:
         self.learner.forget(m.name for m in arrived)
         self.learner.new_version()
         self._publish()
-        due = self.version % self.cfg.runtime.ckpt_every == 0 or self.version >= self.cfg.algo.max_versions
+        rt = self.cfg.runtime
+        evaluate = evaluator.due(self.cfg, self.version)
+        # An evaluation run's weights never change: nothing to checkpoint.
+        due = not rt.evaluate and (self.version % rt.ckpt_every == 0 or self.version >= self.cfg.algo.max_versions or evaluate)
         if due and not self.leader and self.learner.collective:
             self.learner.state(mid_version=False)   # this rank's part of the leader's checkpoint
         if self.leader:
             self._log_version(k, arrived)
-            if not self.cfg.runtime.keep_shards:
+            if not rt.keep_shards:
                 self.trained_uncommitted += [m.name for m in arrived]
             if due:
-                self.checkpoint()
+                path = self.checkpoint()
                 self._delete_committed()
+                if evaluate:
+                    self.evaluator.submit(self.version, path)
             if self.version >= self.cfg.algo.max_versions:
                 self._begin_stop("max_versions reached")
 
@@ -332,6 +341,24 @@ class Trainer:
                                f"{rec['success']:.2f} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f}"
                                f" | staleness<= {rec['staleness_max']} | {rec['t']:.1f}s")
 
+    def _note(self, line: str) -> None:
+        self.progress.note(line)
+
+    def _log_evaluations(self, results: list[dict]) -> None:
+        """Held-out success of evaluated versions, against their version (they end while later
+        versions train)."""
+        for res in results:
+            v = res["version"]
+            self.evaluations.append({**res, "videos": [p.name for p in res["videos"]], "best": "best" in res})
+            for key in ("success", "success_lo", "success_hi", "episodes"):
+                self.metrics.scalar(f"eval_{key}", res[key], version=v)
+            if self.sinks is not None:
+                env_steps = sum(int(h["env_steps"]) for h in self.history if h["version"] <= v)
+                self.sinks.log_eval(res, v, env_steps)
+            best = f"; the best so far -> {res['best']}" if "best" in res else ""
+            self._note(f"[eval] version {v}: held-out success {res['success']:.2f} over {res['episodes']} episodes "
+                       f"(95% Wilson {res['success_lo']:.2f}-{res['success_hi']:.2f}){best}")
+
     def deadline(self) -> float | None:
         return None  # the Trainer only waits for messages
 
@@ -348,6 +375,8 @@ class Trainer:
         if self.stopping:
             self.transport.poll_done()
             return work | self._maybe_done()
+        if self.evaluator is not None:
+            self._log_evaluations(self.evaluator.poll())
         if self.leader and self.preemption is not None and self.preemption.requested:
             return work | self._preempt()
         if self.leader:
@@ -403,6 +432,8 @@ class Trainer:
         if not expected <= self.transport.done_ranks:
             return False
         self.progress.close()
+        if self.evaluator is not None:
+            self._log_evaluations(self.evaluator.finish())
         self.record_params()
         self._write_summary()
         if self.sinks is not None:
@@ -417,5 +448,6 @@ class Trainer:
     def _write_summary(self) -> None:
         summary = {"versions": self.version, "opt_steps": self.opt_step, "rows_trained": self.rows_trained,
                    "wall_s": time.time() - self.t0, "bad_shards": sorted(self.learner.bad), "history": self.history,
-                   "param_digest": self.learner.digest()}
+                   "param_digest": self.learner.digest(), "evaluations": self.evaluations,
+                   "best": self.evaluator.best if self.evaluator is not None else None}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -10,6 +10,8 @@ Actions are sampled from the policy, as in training.
 
 Prints successes / episodes with a 95% Wilson score interval and writes `eval.json` in the run
 folder. `--protocol libero` runs LIBERO's standard evaluation instead (tools/libero_protocol.py).
+`--of-run RUN` is the evaluation a training run's Trainer 0 starts while it trains
+(runtime.eval_every, engine/evaluator.py): RUN's own config, all roles in this process.
 `--average-last N` evaluates the mean weights of the N checkpoints of the run that end
 at CKPT (a run whose consecutive versions differ a lot is better judged by their average than by
 whichever version came last).
@@ -49,6 +51,21 @@ def average_checkpoints(last: Path, n: int, out: Path) -> Path:
     return out
 
 
+def of_run_config(run: Path, ckpt: Path, episodes: int, seed: int):
+    """The evaluation a training run's Trainer 0 asks for (runtime.eval_every): the run's own env
+    and policy (its config.yaml) from `ckpt`, on runtime.eval_envs envs of one Simulator with one
+    Generator and one Trainer, episode seeds from `seed`; its ranks log nothing to TensorBoard or
+    W&B (the training run's Trainer does) and start no evaluation of their own."""
+    from .. import config
+
+    cfg = config.load(run)
+    cfg = config.replace(cfg, seed=seed, resume=False, env={"num_envs": cfg.runtime.eval_envs},
+                         cluster={"sim_ranks": 1, "gen_ranks": 1, "train_ranks": 1},
+                         sharding={"plan": [], "groups_per_rank": 1},
+                         runtime={"eval_every": 0, "tensorboard": False, "wandb": False, "progress": False})
+    return config.replace(cfg, **eval_overrides(cfg, str(ckpt), episodes))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (run ckpt/ or rlvla3.sft output)")
@@ -66,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="--protocol libero: evaluate a checkpoint trained on the fixed states (not held out)")
     ap.add_argument("--videos", type=int, default=2, help="mp4 of the first N episodes of each task (0: none)")
     ap.add_argument("--lerobot", action="store_true", help="also write the episodes as a LeRobotDataset v3.0 in <out>/lerobot")
+    ap.add_argument("--of-run", default="", metavar="RUN",
+                    help="evaluate for a training run (what its Trainer 0 starts with runtime.eval_every): RUN's own "
+                         "config, runtime.eval_envs envs, every role in this process, videos into RUN's TensorBoard")
     ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
     a = ap.parse_intermixed_args(argv)
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import run_local
-    from ..engine.checkpoints import CheckpointError, load_torch
+    from ..engine.checkpoints import CheckpointError, ckpt_order, load_torch
 
     if a.episodes < 1:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
@@ -91,11 +111,18 @@ def main(argv: list[str] | None = None) -> int:
         from .libero_protocol import main as libero_protocol
 
         return libero_protocol(a, ckpt, run_dir)
-    cfg = compose(a.overrides)
-    cfg = config.replace(cfg, seed=a.seed, **eval_overrides(cfg, str(ckpt.resolve()), a.episodes))
-    proc = run_local(cfg, run_dir, timeout=a.timeout)
-    if proc.returncode != 0:
-        return proc.returncode
+    of_run = Path(a.of_run) if a.of_run else None
+    if of_run is not None:
+        from ..engine.inprocess import InProcessRun
+
+        cfg = of_run_config(of_run, ckpt.resolve(), a.episodes, a.seed)
+        InProcessRun(cfg, run_dir).run(a.timeout)
+    else:
+        cfg = compose(a.overrides)
+        cfg = config.replace(cfg, seed=a.seed, **eval_overrides(cfg, str(ckpt.resolve()), a.episodes))
+        proc = run_local(cfg, run_dir, timeout=a.timeout)
+        if proc.returncode != 0:
+            return proc.returncode
     succ, eps = count(run_dir, cfg.algo.max_versions)
     lo, hi = wilson(succ, eps)
     result = {"checkpoint": a.checkpoint, "average_last": a.average_last, "episodes": eps, "successes": succ,
@@ -105,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     task = cfg.env.name if cfg.env.name in ("toy", "emulated") else cfg.env.task   # (env.task: the robosuite/metaworld one)
     from .videos import episode_videos
 
-    episode_videos(run_dir, cfg.algo.max_versions, a.videos, lambda seed: task)
+    episode_videos(run_dir, cfg.algo.max_versions, a.videos, lambda seed: task, of_run, ckpt_order(ckpt)[0])
     if a.lerobot:
         from .lerobot_dataset import export_lerobot
 

@@ -115,7 +115,7 @@ def read_mp4(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.array([t for t, _ in decoded]), np.stack([x for _, x in decoded])
 
 
-def _tensorboard(tb_dir: Path, videos: dict[Path, np.ndarray], step: int) -> None:
+def _tensorboard(tb_dir: Path, videos: dict[Path, np.ndarray], step: int, prefix: str = "videos") -> None:
     import io
 
     from PIL import Image
@@ -129,7 +129,7 @@ def _tensorboard(tb_dir: Path, videos: dict[Path, np.ndarray], step: int) -> Non
         images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / FPS), loop=0)
         h, w = frames.shape[1:3]
         image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=buf.getvalue())
-        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=f"videos/{p.stem}", image=image)]), step)
+        writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=f"{prefix}/{p.stem}", image=image)]), step)
     writer.close()
 
 
@@ -146,11 +146,20 @@ def _wandb(run_dir: Path, paths: list[Path], step: int) -> str:
     return f"W&B run {run.id}"
 
 
-def episode_videos(run_dir: Path, versions: int, per_task: int, task_of) -> list[Path]:
-    """evaluate --videos: write and log the first episodes of each task, and say where they are."""
+def episode_videos(run_dir: Path, versions: int, per_task: int, task_of, of_run: Path | None = None,
+                   step: int = 0) -> list[Path]:
+    """evaluate --videos: write and log the first episodes of each task, and say where they are.
+    `of_run`: an evaluation for that training run (runtime.eval_every): the videos go into its
+    TensorBoard at `step` (its Trainer logs them to W&B, whose run it holds)."""
     if per_task < 1:
         return []
     videos = write_videos(run_dir, versions, per_task, task_of)
-    went = log_videos(run_dir, videos, versions)
+    if of_run is None:
+        went = log_videos(run_dir, videos, versions)
+    elif (of_run / "tb").is_dir():
+        _tensorboard(of_run / "tb", videos, step, "eval_videos")
+        went = [f"TensorBoard {of_run / 'tb'} (images tab, eval_videos/*)"]
+    else:
+        went = []
     print(f"{len(videos)} video(s) in {run_dir / 'videos'}" + "".join(f"; {w}" for w in went))
     return list(videos)
