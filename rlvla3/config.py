@@ -367,6 +367,10 @@ class RuntimeConfig:
     """Checkpoint every N versions (and at the end)."""
     keep_shards: bool = True
     """Keep consumed shards (for replay and analysis) or delete them after their step."""
+    shard_codec: str = "zstd"
+    """zstd | none: how shard arrays are compressed. zstd (level 1) shrinks rendered frames ~5x for
+    ~4x np.save's CPU on the Simulator's writer thread (`python -m rlvla3.bench shards`); none
+    writes raw bytes, for a fast filesystem and a CPU-bound Simulator."""
     idle_sleep: float = 0.0005
     """Shortest sleep of a rank with nothing to do; doubles up to max_idle_sleep."""
     max_idle_sleep: float = 0.005

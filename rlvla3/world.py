@@ -397,6 +397,7 @@ def validate(cfg: RunConfig) -> None:
     _require(not rt.wandb or importlib.util.find_spec("wandb") is not None, "runtime.wandb", rt.wandb,
              "needs the wandb package: pip install -e '.[wandb]' (or runtime.wandb=false)")
     _require(rt.ckpt_every >= 1, "runtime.ckpt_every", rt.ckpt_every, "must be >= 1 (checkpoint every N versions)")
+    _require(rt.shard_codec in ("zstd", "none"), "runtime.shard_codec", rt.shard_codec, "use zstd or none")
     validate_eval(cfg)
     _require(rt.liveness_timeout > 2 * rt.heartbeat_interval, "runtime.liveness_timeout",
              rt.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")

@@ -221,7 +221,8 @@ def test_a_shard_announced_twice_is_trained_once(tmp_path):
     trained twice, displacing another's (or the ledger refused to move back)."""
     from rlvla3.engine.trainer import Trainer
 
-    run(tmp_path, 1)
+    run(tmp_path, 2)
+    (tmp_path / "ckpt" / "v000002.pt").unlink()   # back to version 1, with step 1's shards on disk
     r = InProcessRun(config.replace(compose([*EMULATED_FAST, "algo.max_versions=2"]), resume=True), tmp_path)
     trainer = r.role(Trainer)
     before = list(trainer.announced[1])

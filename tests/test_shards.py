@@ -43,6 +43,33 @@ def test_round_trip_and_attributes(tmp_path):
     assert shards.scan(tmp_path) == [name]
 
 
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_shards_are_plain_zarr_3_both_ways(tmp_path, codec):
+    """What write_shard writes, zarr-python reads (the same arrays, the group's attributes); a
+    shard zarr-python wrote (nested chunk keys, chunks of fill values skipped), read_shard reads."""
+    import zarr
+
+    from rlvla3.tools.bench_shards import zarr_python_write
+
+    rng = np.random.default_rng(0)
+    seg = {k: (rng.integers(0, 200, v.shape) if v.dtype != bool else rng.random(v.shape) < 0.5).astype(v.dtype)
+           for k, v in segment().items()}
+    seg["terminated"][:] = False   # all fill value: zarr-python writes no chunk for it
+    mine = shards.write_shard(tmp_path, shards.shard_name(0, 0, 0), seg, np.ones(3, np.float32), {"x": 1}, codec)
+    root = zarr.open_group(str(mine), mode="r")
+    assert root.attrs["x"] == 1 and root.attrs["schema_version"] == shards.SCHEMA_VERSION
+    for k, v in seg.items():
+        np.testing.assert_array_equal(root[k][...], v)
+    theirs = tmp_path / shards.shard_name(0, 0, 1)
+    zarr_python_write(theirs, seg, np.ones(3, np.float32))
+    root = zarr.open_group(str(theirs), mode="a")
+    root.attrs.update(shards.read_attrs(mine))
+    arrays, _ = shards.read_shard(theirs)
+    for k, v in seg.items():
+        np.testing.assert_array_equal(arrays[k], v)
+    assert not any((theirs / "terminated").rglob("c*")), "zarr-python skipped the all-fill chunk"
+
+
 def _writer(d, n):
     for i in range(n):
         shards.write_shard(d, shards.shard_name(0, 0, i), segment(T=16, N=4, fill=i % 250 + 1),
@@ -73,7 +100,7 @@ def test_corrupt_and_wrong_schema_shards_are_quarantined(tmp_path):
     # corrupt one chunk
     bad = shards.shard_name(0, 0, 1)
     shards.write_shard(tmp_path, bad, segment(), np.zeros(3, np.float32), {})
-    chunk = next(p for p in (tmp_path / bad / "images").rglob("*") if p.is_file() and "c" in p.parts)
+    chunk = next((tmp_path / bad / "images").glob("c.*"))
     chunk.write_bytes(b"not zstd")
     with pytest.raises(shards.ShardError, match=bad):
         shards.read_shard(tmp_path / bad)

@@ -343,7 +343,7 @@ class Simulator:
         """(writer thread) -> (start, seconds) of the write, for the main thread's metrics."""
         t0, p0 = time.time(), time.perf_counter()
         try:
-            shards.write_shard(self.shards_dir, name, arrays, bootstrap, attrs)
+            shards.write_shard(self.shards_dir, name, arrays, bootstrap, attrs, self.cfg.runtime.shard_codec)
         except OSError as e:
             raise OSError(e.errno, f"simulator rank {self.rank}: writing shard {name} failed: "
                                    f"{checkpoints.why_write_failed(e, self.shards_dir)}") from e

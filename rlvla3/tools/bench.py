@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return fidelity(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity"])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity", "shards"])
     ap.add_argument("--minutes", type=float, default=10.0, help="faults: how long to inject faults")
     ap.add_argument("--seed", type=int, default=0, help="faults: the random choice of faults and moments")
     ap.add_argument("--tasks", default=",".join(t for t in SIM_TASKS if t not in LIBERO_TASKS),
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all); "
                                                    "memory: of openvla,openvla_oft,pi0,pi05")
     ap.add_argument("--copies", type=int, default=1, help="memory: frozen copies of the trainable weights (π_prox, a KL reference)")
-    ap.add_argument("--repeats", type=int, default=5, help="families: timed repeats per measurement (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="families, shards: timed repeats per measurement (median)")
     ap.add_argument("--size", choices=["tiny", "published"], default="tiny",
                     help="families: tiny sizes (any device), or the released sizes as the LIBERO presets set them up (a GPU)")
     ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
@@ -440,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if a.what == "sims":
         return sims_bench(a)
+    if a.what == "shards":
+        from .bench_shards import shards_bench
+        save_rows(a.out, "shards.json", shards_bench(a))
+        return 0
     if a.what == "faults":
         from .bench_faults import faults_bench
         return faults_bench(a)

@@ -112,7 +112,7 @@ def _publish(x: dict, out: Path, world, sp, cfg, rank: int) -> None:
     g = x["g"]
     name, attrs = segment_meta(cfg, world, g, x["seq"], rank)
     shards.write_shard(out, name, x["seg"].arrays, np.zeros(g.size, np.float32),
-                       {**attrs, "source": "expert", "instructions": x["seg"].texts})
+                       {**attrs, "source": "expert", "instructions": x["seg"].texts}, cfg.runtime.shard_codec)
     x["seg"] = SegmentBuffer.allocate(cfg.algo.segment_steps, g.size, sp)
     x["seq"] += 1
     x["t"] = 0
