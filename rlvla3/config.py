@@ -284,6 +284,9 @@ class GeneratorConfig:
     <= 2^-8; the Generator widens them back to float32)."""
     weights_bucket_mb: float = 64.0
     """Published weights travel in buckets of at most this many MiB (one MPI message each)."""
+    weights_fanout: int = 2
+    """A publish goes down a tree: Trainer 0 sends to this many Generators, each forwards every
+    bucket to this many more as it lands (0: Trainer 0 sends to every Generator itself)."""
     adapt_batch: int = 0
     """Online batching window: 0 keeps t_max_ms fixed; N > 0 re-tunes the window 4x a second to
     the time N samples take to arrive at the observed rate (logged as scalar t_max_ms)."""

@@ -94,6 +94,21 @@ class World:
     """mode.placement=colocated: each Generator rank also hosts a Trainer."""
     lockstep: bool
     """mode.env_level off: all groups of a lockstep component advance together (sync baseline)."""
+    weights_tree: tuple[tuple[int | None, tuple[int, ...]], ...] = ()
+    """The publish's relay tree (relay_tree) as ranks: (parent rank, child ranks)
+    of Trainer 0 (first, parent None) and then of each Generator in gen_ranks' order."""
+
+    def publish_children(self) -> tuple[int, ...]:
+        """The Generators Trainer 0 sends a publish (and Stop) to itself."""
+        return self.weights_tree[0][1]
+
+    def relay_parent(self, gen_rank: int) -> int:
+        """Where Generator `gen_rank` receives a publish (and Stop) from: Trainer 0 or a Generator."""
+        return self.weights_tree[1 + self.gen_ranks.index(gen_rank)][0]
+
+    def relay_children(self, gen_rank: int) -> tuple[int, ...]:
+        """The Generators Generator `gen_rank` forwards a publish (and Stop) to."""
+        return self.weights_tree[1 + self.gen_ranks.index(gen_rank)][1]
 
     def roles_of(self, rank: int) -> list[str]:
         """The roles `rank` plays (two when colocated: generator and trainer)."""
@@ -160,6 +175,17 @@ def group_seed(cfg: RunConfig, gid: int, seq: int) -> int:
     return (cfg.seed * 1_000_003 + gid * 100_003 + seq * 7 + 1) % (2**31 - 1)
 
 
+def relay_tree(n_generators: int, fanout: int) -> list[tuple[int | None, list[int]]]:
+    """(parent, children) of every node of a weights publish: node 0 is Trainer 0, node i >= 1 the
+    i-th Generator. fanout >= 1: a complete fanout-ary tree in Generator order (node i's children
+    are i*fanout+1 .. i*fanout+fanout); fanout 0: every Generator a child of Trainer 0."""
+    n = n_generators + 1
+    if fanout == 0:
+        return [(None, list(range(1, n)))] + [(0, []) for _ in range(1, n)]
+    return [((i - 1) // fanout if i else None, [c for c in range(i * fanout + 1, i * fanout + fanout + 1) if c < n])
+            for i in range(n)]
+
+
 def derive(cfg: RunConfig) -> World:
     """Validate `cfg` and compute the layout. Raises ConfigError naming the bad field."""
     validate(cfg)
@@ -177,6 +203,9 @@ def derive(cfg: RunConfig) -> World:
         offset += size
     a = cfg.algo
     per_epoch = a.rollout_batch // a.global_batch
+    node_rank = (trains[0], *gens)   # relay_tree's nodes: Trainer 0, then the Generators
+    tree = tuple((None if p is None else node_rank[p], tuple(node_rank[c] for c in kids))
+                 for p, kids in relay_tree(len(gens), cfg.generator.weights_fanout))
     return World(
         size=len(sims) + len(gens) + (0 if colocated else len(trains)),
         sim_ranks=sims,
@@ -192,6 +221,7 @@ def derive(cfg: RunConfig) -> World:
         in_process_envs=in_process(cfg),
         colocated=colocated,
         lockstep=not cfg.mode.env_level,
+        weights_tree=tree,
     )
 
 
@@ -371,6 +401,8 @@ def validate(cfg: RunConfig) -> None:
     _require(cfg.generator.t_max_ms >= 0, "generator.t_max_ms", cfg.generator.t_max_ms, "must be >= 0")
     _require(cfg.generator.weights_dtype in ("float32", "bfloat16"), "generator.weights_dtype",
              cfg.generator.weights_dtype, "use float32 or bfloat16")
+    _require(cfg.generator.weights_fanout >= 0, "generator.weights_fanout", cfg.generator.weights_fanout,
+             "must be >= 0 (0: Trainer 0 sends to every Generator; k: a k-ary relay tree)")
     _require(cfg.generator.weights_bucket_mb > 0, "generator.weights_bucket_mb", cfg.generator.weights_bucket_mb,
              "must be > 0")
     _require(0 <= cfg.generator.adapt_batch <= min(cfg.generator.b_max, p.max_batch), "generator.adapt_batch",

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from rlvla3.cluster.local import mpi_env, mpiexec_command
-from rlvla3.engine.metrics import read_summaries
+from rlvla3.engine.metrics import read_records, read_summaries
 from tests.conftest import assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
 from tests.test_engine import _resume_cfg
 
@@ -14,7 +14,8 @@ pytestmark = [needs_mpi, pytest.mark.slow]
 
 EMULATED = ["+experiment=emulated", "env.num_envs=8", "env.horizon=12", "env.step_ms=4", "env.reset_ms=10",
             "algo.segment_steps=8", "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32",
-            "algo.max_versions=3", "cluster.sim_ranks=2", "cluster.gen_ranks=2", "cluster.train_ranks=2",
+            "algo.max_versions=3", "cluster.sim_ranks=2", "cluster.gen_ranks=3", "cluster.train_ranks=2",
+            "generator.weights_fanout=1",   # a chain: Trainer 0 -> Generator -> Generator -> Generator
             "policy.train_samples_per_s=4000", "runtime.liveness_timeout=20"]
 
 
@@ -22,11 +23,17 @@ def test_emulated_ranks_import_neither_torch_nor_a_simulator_and_train_every_row
     p, run = run_engine(tmp_path, EMULATED, name="emu")
     assert_ok(p)
     ranks = read_summaries(run)
-    assert len(ranks) == 6, f"expected 6 rank summaries, got {len(ranks)}"
+    assert len(ranks) == 7, f"expected 7 rank summaries, got {len(ranks)}"
     for r in ranks:
         assert r["heavy_modules"] == [], f"rank {r['rank']} ({r['role']}) imported {r['heavy_modules']}"
     check_every_shard_consumed_once(run, 3, 64)
     assert summary(run)["versions"] == 3
+    # Every version reached every Generator down the relay chain, in order, once.
+    loaded = {}
+    for rank, role, rec in read_records(run, "span"):
+        if role == "generator" and rec["n"] == "weight_sync":
+            loaded.setdefault(rank, []).append(rec["version"])
+    assert loaded == {g: [0, 1, 2, 3] for g in (2, 3, 4)}, loaded
     # The data-parallel Trainers stay in step: same (emulated) parameters.
     assert (run / "params-trainer0.sha256").read_text() == (run / "params-trainer1.sha256").read_text()
     # Emulated checkpoints resume like real ones.

@@ -173,7 +173,8 @@ def test_every_listed_edge_is_used_and_every_tag_is_listed(tmp_path):
     # sent on, except the two that need separate processes (the clock sync of run.main and the
     # torch process group's address), which the mpiexec tests send.
     used = set()
-    for name, overrides in (("a", [*EMULATED_FAST, "cluster.train_ranks=2"]),
+    for name, overrides in (("a", [*EMULATED_FAST, "cluster.train_ranks=2", "cluster.gen_ranks=2",
+                                   "generator.weights_fanout=1"]),
                             ("c", [*EMULATED_FAST, "mode=sync", "mode.placement=colocated"])):
         run = InProcessRun(compose(overrides), tmp_path / name)
         run.run(timeout=120)

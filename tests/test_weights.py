@@ -45,13 +45,27 @@ def test_buckets_cover_the_buffer_once_and_respect_the_size():
     assert max(s.stop - s.start for s in sl) == 262144 and len(buckets(5, 2, 1.0)) == 1
 
 
+def test_the_relay_tree_reaches_every_generator_once():
+    from rlvla3.world import relay_tree
+
+    for n, fanout in ((1, 2), (5, 2), (16, 2), (4, 1), (7, 3), (6, 0)):
+        tree = relay_tree(n, fanout)
+        children = [c for _, kids in tree for c in kids]
+        assert sorted(children) == list(range(1, n + 1)), "every Generator has exactly one parent"
+        assert all(tree[c][0] == p for p, (_, kids) in enumerate(tree) for c in kids)
+        assert all(len(kids) <= (fanout or n) for _, kids in tree)
+    assert relay_tree(16, 2)[0][1] == [1, 2] and relay_tree(6, 0)[0][1] == [1, 2, 3, 4, 5, 6]
+
+
 @needs_mpi
 @pytest.mark.slow
-def test_a_publish_reaches_every_generator_exactly(tmp_path):
-    """rank 0 publishes 300k parameters in 0.25 MiB buckets to 3 Generators over real mpiexec;
+@pytest.mark.parametrize("fanout", [0, 1, 2])
+def test_a_publish_reaches_every_generator_exactly(tmp_path, fanout):
+    """rank 0 publishes 300k parameters in 0.25 MiB buckets to 3 Generators over real mpiexec,
+    sent to each (fanout 0) or relayed down a chain (1) or a binary tree (2);
     float32 arrives bit-exact (the worker checks), bfloat16 within 2^-8."""
     cmd = ["mpiexec", "--oversubscribe", "-n", "4", sys.executable, "-m", "mpi4py", "-m", "rlvla3.tools.bench_weights",
-           "300000", "float32,bfloat16", "0.25", "1"]
+           "300000", "float32,bfloat16", "0.25", "1", str(fanout)]
     if __import__("os").geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
     out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=120)

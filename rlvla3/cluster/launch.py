@@ -88,7 +88,17 @@ def describe(cfg, world, run_dir: Path) -> str:
         f"(chunk {p.chunk}, {weights}), {mode}",
         f"ranks: {len(world.sim_ranks)} Simulator, {len(world.gen_ranks)} Generator, {len(world.train_ranks)} Trainer "
         f"on {cfg.cluster.name}; {a.max_versions} versions of {a.rollout_batch} rows; run folder {run_dir}",
-        "success = the share of the version's finished episodes that reached the task's goal (0 to 1)"])
+        "success = the share of the version's finished episodes that reached the task's goal (0 to 1)",
+        *held_out(cfg)])
+
+
+def held_out(cfg) -> list[str]:
+    """The line about evaluation while training (runtime.eval_every), if any."""
+    r = cfg.runtime
+    if not r.eval_every:
+        return []
+    return [f"held-out evaluation: every {r.eval_every} versions and the last, {r.eval_episodes} episodes on "
+            f"{r.eval_envs} envs of its own (seeds from {r.eval_seed}), beside training; the best kept as ckpt/best.pt"]
 
 
 def main() -> None:

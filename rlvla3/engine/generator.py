@@ -62,6 +62,8 @@ class Generator:
         self.wire_bufs: dict[str, np.ndarray] = {}   # receive buffer per wire dtype
         self.sims = sorted({g.sim_rank for g in self.groups.values()})
         self.trainer0 = world.train_ranks[0]
+        self.weights_from = world.relay_parent(transport.rank)   # Trainer 0, or a Generator of the relay tree
+        self.weights_to = world.relay_children(transport.rank)
         self.stopped = False
         self.done = False
         self.batches = 0
@@ -74,8 +76,9 @@ class Generator:
         self._release_held()
 
     def _poll_weights(self) -> bool:
-        """A new version from Trainer 0 (a colocated one's arrives in-process, on the same edge)."""
-        got = self.transport.poll(Tag.WEIGHTS, self.trainer0)
+        """A new version from this Generator's parent in the relay tree (Trainer 0 or a Generator; a
+        colocated Trainer 0's arrives in-process, on the same edge), forwarded to its children."""
+        got = self.transport.poll(Tag.WEIGHTS, self.weights_from)
         if got is None:
             return False
         hdr: WeightsHeader = got[1]
@@ -84,8 +87,10 @@ class Generator:
                                f"model has {self.weights_buf.size}: Trainer and Generator built different models")
         t0 = time.time()
         wire = self.wire_bufs.setdefault(hdr.dtype, weights.wire_buffer(self.weights_buf, hdr.dtype))
-        weights.receive(self.transport, self.trainer0, wire, self.weights_buf, hdr.bucket_mb,
-                        self.cfg.runtime.liveness_timeout)
+        for child in self.weights_to:
+            self.transport.send(child, Tag.WEIGHTS, hdr)
+        weights.receive(self.transport, self.weights_from, wire, self.weights_buf, hdr.bucket_mb,
+                        self.cfg.runtime.liveness_timeout, self.weights_to)
         self.metrics.span("comm", t0, time.time() - t0, what="weights", bytes=wire.nbytes)
         self.set_weights(self.weights_buf, hdr.version, hdr.granted_until)
         return True
@@ -207,6 +212,8 @@ class Generator:
     def _poll_control(self) -> None:
         got = self.transport.poll(Tag.STOP)
         if got is not None:
+            for child in self.weights_to:   # after every publish it relayed: those have completed
+                self.transport.send(child, Tag.STOP, got[1])
             self.stop(got[1])
         self.transport.poll_done()
         if self.stopped and set(self.sims) <= self.transport.done_ranks and not self.done:

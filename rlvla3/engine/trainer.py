@@ -299,9 +299,10 @@ class Trainer:
             wire = weights.to_wire(flat, gc.weights_dtype)
             leader_only = {"fingerprint": weights.fingerprint(wire)}
             hdr = WeightsHeader(self.version, granted, wire.size, gc.weights_dtype, gc.weights_bucket_mb)
-            for g in self.world.gen_ranks:
+            first = self.world.publish_children()   # the relay tree's first level: they forward it on
+            for g in first:
                 self.transport.send(g, Tag.WEIGHTS, hdr)
-            for g, req in weights.send(self.transport, self.world.gen_ranks, wire, gc.weights_bucket_mb):
+            for g, req in weights.send(self.transport, first, wire, gc.weights_bucket_mb):
                 self.transport.wait(req, timeout or self.cfg.runtime.liveness_timeout, g, "weights send")
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version, **leader_only)
         self.metrics.flush()   # once a version: which weights a version number named outlives a kill
@@ -424,7 +425,7 @@ class Trainer:
         for r in self.world.train_ranks[1:]:
             self.transport.send(r, Tag.TRAIN_ORDER, TrainOrder(self.version, self.opt_step, stop=True))
         stop = Stop(reason)
-        for r in (*self.world.sim_ranks, *self.world.gen_ranks):
+        for r in (*self.world.sim_ranks, *self.world.publish_children()):   # Generators relay it down the tree
             self.transport.send(r, Tag.STOP, stop)
 
     def _maybe_done(self) -> bool:

@@ -9,6 +9,10 @@ versioned, in buckets, optionally bfloat16 on the wire. numpy only (emulated ran
   nearest even), widened back on receipt; relative error <= 2^-8.
 - The header (protocol.WeightsHeader) says version, credits, size, wire dtype and bucket size;
   the buckets follow on Tag.WEIGHTS_BUF in order.
+- A publish travels down a tree (`world.relay_tree`, `generator.weights_fanout`): Trainer 0 sends to
+  its children only, and every Generator forwards each bucket to its own children as soon as it
+  has it, so Trainer 0 sends `fanout` copies instead of one per Generator, and the copies down
+  the tree overlap bucket by bucket (fanout 0: Trainer 0 sends to every Generator itself).
 
 `python -m rlvla3.bench weights` (tools/bench_weights.py) measures the cost of a publish vs parameter count and
 Generator count.
@@ -94,9 +98,16 @@ def send(transport, dests, wire: np.ndarray, bucket_mb: float) -> list:
     return reqs
 
 
-def receive(transport, src: int, wire: np.ndarray, out: np.ndarray, bucket_mb: float, timeout: float) -> None:
-    """Receive the buckets of a publish into `wire` and decode each into `out` as it lands."""
+def receive(transport, src: int, wire: np.ndarray, out: np.ndarray, bucket_mb: float, timeout: float,
+            forward_to: tuple[int, ...] = ()) -> None:
+    """Receive the buckets of a publish into `wire`, forward each to `forward_to` (this rank's
+    children in the relay tree) as soon as it has landed, and decode it into `out`. Returns once
+    every forward has completed: `wire` may then be reused."""
+    forwards = []
     for sl in buckets(wire.size, wire.itemsize, bucket_mb):
         req = transport.irecv_buf(src, Tag.WEIGHTS_BUF, wire[sl])
         transport.wait(req, timeout, src, f"weights bucket [{sl.start}:{sl.stop})")
+        forwards += [(d, transport.isend_buf(d, Tag.WEIGHTS_BUF, wire[sl])) for d in forward_to]
         from_wire(wire[sl], out[sl])
+    for d, req in forwards:
+        transport.wait(req, timeout, d, "weights bucket relayed")

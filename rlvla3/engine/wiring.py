@@ -6,9 +6,10 @@ is not listed here is refused where it is sent (or received), naming both ranks.
 also what heartbeats follow: a rank beats to, and expects beats from, both ends of every edge it
 is on (`peers`); a peer silent past `runtime.liveness_timeout` aborts the job naming that rank.
 
-Roles: simulator, generator, trainer (any Trainer), and two that name one rank: trainer0 (the
+Roles: simulator, generator, trainer (any Trainer), two that name one rank: trainer0 (the
 leading Trainer) and rank0 (global rank 0, which requeues a preempted Slurm job and answers the
-clock sync). A colocated rank plays generator and trainer at once; its Trainer reaches its own
+clock sync), and relay: a Generator as a node of the weights' relay tree, whose counterparts are
+its parent and children there (`World.weights_tree`). A colocated rank plays generator and trainer at once; its Trainer reaches its own
 Generator over the same edges, delivered in-process by the transport.
 """
 from __future__ import annotations
@@ -49,6 +50,9 @@ EDGES = (
     Edge("trainer0", "trainer", Tag.GROUP_ADDRESS, GroupAddress, "the data-parallel process group's address"),
     Edge("trainer0", "simulator", Tag.STOP, Stop, "stop: the run is over"),
     Edge("trainer0", "generator", Tag.STOP, Stop, "stop: the run is over"),
+    Edge("relay", "relay", Tag.WEIGHTS, WeightsHeader, "a version's header, forwarded down the relay tree"),
+    Edge("relay", "relay", Tag.WEIGHTS_BUF, BUFFER, "its buckets, each forwarded as it lands"),
+    Edge("relay", "relay", Tag.STOP, Stop, "stop, forwarded after any publish in flight"),
     Edge("simulator", "generator", Tag.DONE, Done, "this Simulator has stopped"),
     Edge("simulator", "trainer", Tag.DONE, Done, "this Simulator has stopped"),
     Edge("generator", "trainer0", Tag.DONE, Done, "this Generator has stopped"),
@@ -69,6 +73,8 @@ def rank_roles(world, rank: int) -> frozenset[str]:
         roles.add("trainer0")
     if rank == 0:
         roles.add("rank0")
+    if rank in world.gen_ranks:
+        roles.add("relay")
     return frozenset(roles)
 
 
@@ -78,6 +84,11 @@ def counterparts(world, role: str, rank: int) -> set[int]:
         return {world.train_ranks[0]}
     if role == "rank0":
         return {0}
+    if role == "relay":   # its neighbours in the relay tree that are Generators
+        if rank not in world.gen_ranks:
+            return set()
+        parent = world.relay_parent(rank)
+        return set(world.relay_children(rank)) | ({parent} if parent in world.gen_ranks else set())
     if role == "trainer":
         return set(world.train_ranks)
     mine = set(world.roles_of(rank))

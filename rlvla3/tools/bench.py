@@ -145,10 +145,13 @@ def weights_bench(a) -> int:
     from ..cluster.local import mpi_env
 
     rows = []
-    print(f"{'params':>10s} {'gens':>5s} {'wire':9s} {'MiB/gen':>8s} {'seconds':>8s} {'GB/s out':>8s} {'max rel err':>11s}")
-    for g in (int(x) for x in a.generators.split(",")):
+    print(f"{'params':>10s} {'gens':>5s} {'fanout':>6s} {'wire':9s} {'MiB/gen':>8s} {'seconds':>8s} {'GB/s in':>8s} "
+          f"{'max rel err':>11s}")
+    for g, fanout in ((int(x), int(f)) for x in a.generators.split(",") for f in a.fanouts.split(",")):
+        if g == 1 and fanout != int(a.fanouts.split(",")[0]):
+            continue   # one Generator: every fanout is the same single send
         cmd = ["mpiexec", "--oversubscribe", "-n", str(g + 1), sys.executable, "-m", "mpi4py", "-m", "rlvla3.tools.bench_weights",
-               a.params, a.dtypes, str(a.bucket_mb), "3"]
+               a.params, a.dtypes, str(a.bucket_mb), "3", str(fanout)]
         if os.geteuid() == 0:
             cmd.insert(1, "--allow-run-as-root")
         out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
@@ -159,7 +162,7 @@ def weights_bench(a) -> int:
                 r = json.loads(line)
                 rows.append(r)
                 gbps = r["bytes_per_generator"] * r["generators"] / r["seconds"] / 1e9
-                print(f"{r['params']:10.0e} {r['generators']:5d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
+                print(f"{r['params']:10.0e} {r['generators']:5d} {r['fanout']:6d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
                       f"{r['seconds']:8.3f} {gbps:8.2f} {r['max_rel_error']:11.2e}", flush=True)
     save_rows(a.out, "weights.json", rows)
     return 0
@@ -423,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
     ap.add_argument("--generators", default="1,4,16", help="weights: Generator counts")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
+    ap.add_argument("--fanouts", default="0,2", help="weights: relay tree fanouts (0: Trainer 0 sends to every Generator)")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="weights: bucket size (MiB)")
     ap.add_argument("--env", choices=sorted(WORKLOADS), default="emulated")
     ap.add_argument("--ladder", action="store_true", help="the full ablation ladder")
