@@ -14,13 +14,15 @@ pytestmark = [needs_mpi, pytest.mark.slow]
 
 EMULATED = ["+experiment=emulated", "env.num_envs=8", "env.horizon=12", "env.step_ms=4", "env.reset_ms=10",
             "algo.segment_steps=8", "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32",
-            "algo.max_versions=3", "cluster.sim_ranks=2", "cluster.gen_ranks=3", "cluster.train_ranks=2",
-            "generator.weights_fanout=1",   # a chain: Trainer 0 -> Generator -> Generator -> Generator
+            "algo.max_versions=3", "cluster.sim_ranks=2", "cluster.gen_ranks=2", "cluster.train_ranks=2",
             "policy.train_samples_per_s=4000", "runtime.liveness_timeout=20"]
+# Three Generators in a chain: Trainer 0 -> Generator -> Generator -> Generator (the relay tree at its deepest).
+RELAY_CHAIN = [*(o for o in EMULATED if not o.startswith("cluster.gen_ranks")), "cluster.gen_ranks=3",
+               "generator.weights_fanout=1"]
 
 
 def test_emulated_ranks_import_neither_torch_nor_a_simulator_and_train_every_row(tmp_path):
-    p, run = run_engine(tmp_path, EMULATED, name="emu")
+    p, run = run_engine(tmp_path, RELAY_CHAIN, name="emu")
     assert_ok(p)
     ranks = read_summaries(run)
     assert len(ranks) == 7, f"expected 7 rank summaries, got {len(ranks)}"
