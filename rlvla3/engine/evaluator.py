@@ -6,8 +6,8 @@ envs of its own (`runtime.eval_envs`, seeds from `runtime.eval_seed`, never the 
 one Simulator, Generator and Trainer in one process (no MPI: it is not a rank of this job). It
 writes <run>/eval/v<version>/eval.json and its videos; this side reads them back, logs success
 and its Wilson interval against the version (metrics/, TensorBoard, W&B), and keeps the best
-checkpoint by held-out success as ckpt/best.pt (a hard link to that version's file) with
-ckpt/best.json.
+checkpoint by held-out success as ckpt/best.pt (a hard link to that version's file, a copy
+where the filesystem has none) with ckpt/best.json.
 
 One evaluation runs at a time. A version that comes due while one runs waits; a later one
 replaces it (the newest weights are the ones worth judging). An evaluation that fails or passes
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,7 +121,10 @@ class Evaluator:
         src = ckpt_dir / ckpt_name(result["version"])
         tmp = ckpt_dir / ".best.pt.tmp"
         tmp.unlink(missing_ok=True)
-        os.link(src, tmp)          # the same bytes, no copy; the version's own file stays as it is
+        try:
+            os.link(src, tmp)      # the same bytes, no copy; the version's own file stays as it is
+        except OSError:            # a filesystem without hard links
+            shutil.copyfile(src, tmp)
         os.replace(tmp, ckpt_dir / "best.pt")
         self.best = {k: result[k] for k in ("version", "success", "success_lo", "success_hi", "episodes")}
         (ckpt_dir / "best.json").write_text(json.dumps({**self.best, "checkpoint": src.name}, indent=1))
