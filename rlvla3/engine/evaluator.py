@@ -9,6 +9,9 @@ and its Wilson interval against the version (metrics/, TensorBoard, W&B), and ke
 checkpoint by held-out success as ckpt/best.pt (a hard link to that version's file, a copy
 where the filesystem has none) with ckpt/best.json.
 
+The process runs in a process group of its own inside the job's session: the poll's timeout
+kills that group, and a launcher that kills the job's session (its timeout) takes it too.
+
 One evaluation runs at a time. A version that comes due while one runs waits; a later one
 replaces it (the newest weights are the ones worth judging). An evaluation that fails or passes
 `runtime.eval_timeout` is reported; two in a row fail the job, naming the log, rather than
@@ -75,7 +78,7 @@ class Evaluator:
                "--out", str(out), "--timeout", str(r.eval_timeout)]
         with open(log, "w") as f:   # the child holds its own descriptor
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=child_env(), start_new_session=True)
+                                    env=child_env(), process_group=0)   # its own group, in the job's session
         self.running = (version, proc, time.monotonic() + r.eval_timeout + 60)   # + its own start-up and teardown
 
     def poll(self) -> list[dict]:
