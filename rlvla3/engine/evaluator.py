@@ -65,13 +65,17 @@ class Evaluator:
     def out_dir(self, version: int) -> Path:
         return self.run_dir / "eval" / f"v{version:06d}"
 
+    def log_path(self, version: int) -> Path:
+        """The evaluation process's output (what a failure message points to)."""
+        return self.run_dir / "logs" / f"eval-v{version:06d}.log"
+
     def _start_waiting(self) -> None:
         if self.running is not None or self.waiting is None:
             return
         (version, ckpt), self.waiting = self.waiting, None
         r = self.cfg.runtime
         out = self.out_dir(version)
-        log = self.run_dir / "logs" / f"eval-v{version:06d}.log"
+        log = self.log_path(version)
         log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "rlvla3.evaluate", "--of-run", str(self.run_dir), "--checkpoint", str(ckpt),
                "--episodes", str(r.eval_episodes), "--seed", str(r.eval_seed), "--videos", str(r.eval_videos),
@@ -98,11 +102,10 @@ class Evaluator:
 
     def _result(self, version: int, rc: int) -> dict | None:
         out = self.out_dir(version) / "eval.json"
-        log = self.run_dir / "logs" / f"eval-v{version:06d}.log"
         if rc != 0 or not out.is_file():
             self.failures += 1
             why = "stopped after runtime.eval_timeout" if rc == -signal.SIGKILL else f"exit code {rc}"
-            msg = f"evaluation of version {version} failed ({why}); its output: {log}"
+            msg = f"evaluation of version {version} failed ({why}); its output: {self.log_path(version)}"
             if self.failures >= 2:
                 raise EvaluationError(f"{msg}; {self.failures} evaluations in a row failed: set runtime.eval_every=0 "
                                       "to train without them, or fix what the log says")

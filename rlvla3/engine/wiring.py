@@ -9,8 +9,9 @@ is on (`peers`); a peer silent past `runtime.liveness_timeout` aborts the job na
 Roles: simulator, generator, trainer (any Trainer), two that name one rank: trainer0 (the
 leading Trainer) and rank0 (global rank 0, which requeues a preempted Slurm job and answers the
 clock sync), and relay: a Generator as a node of the weights' relay tree, whose counterparts are
-its parent and children there (`World.weights_tree`). A colocated rank plays generator and trainer at once; its Trainer reaches its own
-Generator over the same edges, delivered in-process by the transport.
+its parent and children there (`World.weights_tree`). A colocated rank plays generator and
+trainer at once; its Trainer reaches its own Generator over the same edges, delivered
+in-process by the transport.
 """
 from __future__ import annotations
 

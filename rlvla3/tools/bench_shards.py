@@ -22,16 +22,16 @@ import numpy as np
 
 def rendered_images(cfg, T: int, n: int) -> np.ndarray:
     """[T, n, cams, S, S, 3] frames of robosuite Lift under random actions, env i from seed i."""
-    from ..envs import make_env
+    from ..envs import env_dims, make_env
 
-    env = make_env(cfg, 0)
+    env, action_dim = make_env(cfg, 0), env_dims(cfg).action_dim
     out = np.empty((T, n, len(cfg.env.cameras), cfg.env.image_size, cfg.env.image_size, 3), np.uint8)
     rng = np.random.default_rng(0)
     for i in range(n):
         obs = env.reset(i)
         for t in range(T):
             out[t, i] = obs.images
-            obs = env.step(rng.uniform(-1, 1, env.action_dim if hasattr(env, "action_dim") else 7).astype(np.float32))[0]
+            obs = env.step(rng.uniform(-1, 1, action_dim).astype(np.float32))[0]
     return out
 
 

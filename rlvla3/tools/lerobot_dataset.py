@@ -231,7 +231,8 @@ def load_lerobot(folder: Path, cfg, cameras: dict[str, str] | None = None) -> di
 # ---------------------------------------------------------------- out: writing a v3.0 dataset
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+INT_INDEX = ("frame_index", "episode_index", "index", "task_index")   # int64 columns of every frame
+INDEX_FEATURES = ("timestamp", *INT_INDEX)
 
 
 def vector_feature(dtype: str, size: int, prefix: str) -> dict:
@@ -311,7 +312,7 @@ class LeRobotWriter:
                                f"dataset's {self.shape}")
         self.shape = shape
         first, start = len(self.rows["index"]), self.videos[self.keys[0]].frames if self.keys else 0
-        task = self.tasks.setdefault(task, len(self.tasks))
+        task_index = self.tasks.setdefault(task, len(self.tasks))
         done = np.arange(T) == T - 1
         for k, v in (("observation.state", state), ("action", actions), ("next.reward", rewards[:, None])):
             self.stats[k].add(v)
@@ -324,8 +325,8 @@ class LeRobotWriter:
         self.rows["frame_index"] += list(range(T))
         self.rows["episode_index"] += [len(self.episodes)] * T
         self.rows["index"] += list(range(first, first + T))
-        self.rows["task_index"] += [task] * T
-        ep = {"episode_index": len(self.episodes), "tasks": [self._task_text(task)], "length": T,
+        self.rows["task_index"] += [task_index] * T
+        ep = {"episode_index": len(self.episodes), "tasks": [task], "length": T,
               "data/chunk_index": 0, "data/file_index": 0, "dataset_from_index": first, "dataset_to_index": first + T,
               "meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0}
         for c, key in enumerate(self.keys):
@@ -335,9 +336,6 @@ class LeRobotWriter:
             ep.update({f"videos/{key}/chunk_index": 0, f"videos/{key}/file_index": 0,
                        f"videos/{key}/from_timestamp": start / self.fps, f"videos/{key}/to_timestamp": (start + T) / self.fps})
         self.episodes.append(ep)
-
-    def _task_text(self, index: int) -> str:
-        return next(t for t, i in self.tasks.items() if i == index)
 
     def close(self) -> Path:
         import pyarrow as pa
@@ -356,7 +354,7 @@ class LeRobotWriter:
             "action": pa.array(r["action"], pa.list_(pa.float32(), d)),
             "next.reward": pa.array(r["next.reward"], pa.float32()), "next.done": pa.array(r["next.done"], pa.bool_()),
             "next.success": pa.array(r["next.success"], pa.bool_()), "timestamp": pa.array(r["timestamp"], pa.float32()),
-            **{k: pa.array(r[k], pa.int64()) for k in ("frame_index", "episode_index", "index", "task_index")}}), data)
+            **{k: pa.array(r[k], pa.int64()) for k in INT_INDEX}}), data)
         meta = self.folder / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
         meta.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pylist(self.episodes), meta)
@@ -374,7 +372,7 @@ class LeRobotWriter:
                     "action": vector_feature("float32", d, "action"),
                     "next.reward": {"dtype": "float32", **scalar}, "next.done": {"dtype": "bool", **scalar},
                     "next.success": {"dtype": "bool", **scalar}, "timestamp": {"dtype": "float32", **scalar},
-                    **{k: {"dtype": "int64", **scalar} for k in ("frame_index", "episode_index", "index", "task_index")}}
+                    **{k: {"dtype": "int64", **scalar} for k in INT_INDEX}}
         n = len(self.rows["index"])
         return {"codebase_version": "v3.0", "robot_type": self.robot_type or None, "total_episodes": len(self.episodes),
                 "total_frames": n, "total_tasks": len(self.tasks), "chunks_size": 1000, "data_files_size_in_mb": 100,
