@@ -378,6 +378,18 @@ class RuntimeConfig:
     """Shortest sleep of a rank with nothing to do; doubles up to max_idle_sleep."""
     max_idle_sleep: float = 0.005
     """Longest idle sleep (bounds added latency)."""
+    wake: str = "doorbell"
+    """doorbell | sleep: how an idle rank learns a message has come. doorbell: every send also
+    rings the receiver's UDP socket and an idle rank waits on it (and on its env children's
+    pipes), waking within ~0.1 ms; sleep: it sleeps idle_sleep..max_idle_sleep between polls
+    (`python -m rlvla3.bench latency` measures both). A lost ring costs at most max_idle_sleep."""
+    max_idle_wait: float = 0.05
+    """runtime.wake=doorbell: the longest wait for a ring before looking anyway (what a lost ring
+    costs at most); a rank some peer cannot ring (on another host whose name resolves to a
+    loopback address) waits max_idle_sleep instead."""
+    spin_us: float = 0.0
+    """For this many microseconds after it did work a rank polls without waiting (yielding the
+    core), so an answer that comes soon finds it awake; 0: it waits at once."""
     tensorboard: bool = True
     """Trainer rank 0 writes TensorBoard scalars under tb/ (per version, and under by_env_steps/
     against the env steps so far) and the resolved config once."""

@@ -430,6 +430,9 @@ def validate(cfg: RunConfig) -> None:
              "needs the wandb package: pip install -e '.[wandb]' (or runtime.wandb=false)")
     _require(rt.ckpt_every >= 1, "runtime.ckpt_every", rt.ckpt_every, "must be >= 1 (checkpoint every N versions)")
     _require(rt.shard_codec in ("zstd", "none"), "runtime.shard_codec", rt.shard_codec, "use zstd or none")
+    _require(rt.wake in ("doorbell", "sleep"), "runtime.wake", rt.wake, "use doorbell or sleep")
+    _require(rt.max_idle_wait > 0, "runtime.max_idle_wait", rt.max_idle_wait, "use a positive number of seconds")
+    _require(rt.spin_us >= 0, "runtime.spin_us", rt.spin_us, "use 0 (wait at once) or more microseconds")
     validate_eval(cfg)
     _require(rt.liveness_timeout > 2 * rt.heartbeat_interval, "runtime.liveness_timeout",
              rt.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")

@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import subprocess
 
+import numpy as np
 import pytest
 
+from rlvla3 import config
 from rlvla3.cluster.local import mpi_env, mpiexec_command
+from rlvla3.engine import shards
 from rlvla3.engine.metrics import read_records, read_summaries
+from rlvla3.world import derive
 from tests.conftest import assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
 from tests.test_engine import _resume_cfg
 
@@ -17,8 +21,9 @@ EMULATED = ["+experiment=emulated", "env.num_envs=8", "env.horizon=12", "env.ste
             "algo.max_versions=3", "cluster.sim_ranks=2", "cluster.gen_ranks=2", "cluster.train_ranks=2",
             "policy.train_samples_per_s=4000", "runtime.liveness_timeout=20"]
 # Three Generators in a chain: Trainer 0 -> Generator -> Generator -> Generator (the relay tree at its deepest).
+# Each publish in 8 buckets (200,000 float32 in 0.1 MiB).
 RELAY_CHAIN = [*(o for o in EMULATED if not o.startswith("cluster.gen_ranks")), "cluster.gen_ranks=3",
-               "generator.weights_fanout=1"]
+               "generator.weights_fanout=1", "policy.emulated_params=200000", "generator.weights_bucket_mb=0.1"]
 
 
 def test_emulated_ranks_import_neither_torch_nor_a_simulator_and_train_every_row(tmp_path):
@@ -36,6 +41,7 @@ def test_emulated_ranks_import_neither_torch_nor_a_simulator_and_train_every_row
         if role == "generator" and rec["n"] == "weight_sync":
             loaded.setdefault(rank, []).append(rec["version"])
     assert loaded == {g: [0, 1, 2, 3] for g in (2, 3, 4)}, loaded
+    check_replies_from_whole_versions(run)
     # The data-parallel Trainers stay in step: same (emulated) parameters.
     assert (run / "params-trainer0.sha256").read_text() == (run / "params-trainer1.sha256").read_text()
     # Emulated checkpoints resume like real ones.
@@ -43,3 +49,19 @@ def test_emulated_ranks_import_neither_torch_nor_a_simulator_and_train_every_row
     assert_ok(p)
     assert "resumed from v000003.pt" in p.stdout
     check_every_shard_consumed_once(run, 5, 64)
+
+
+def check_replies_from_whole_versions(run) -> None:
+    """Every reply was computed by exactly the version it names, whole: the emulated actor's value
+    is a fingerprint of its weights (first and last averaged; every emulated weight counts the
+    optimizer steps), so a batch served while a publish was half in would show between versions."""
+    world = derive(config.load(run))
+    rows = 0
+    for name in shards.scan(run / "shards"):
+        arrays, _ = shards.read_shard(run / "shards" / name)
+        expected = arrays["versions"] * world.opt_steps_per_version
+        bad = np.flatnonzero(arrays["values"].ravel() != expected.ravel())
+        assert bad.size == 0, (f"{name}: {bad.size} replies whose weights are not the version they name, e.g. "
+                               f"value {arrays['values'].ravel()[bad[0]]} for version {arrays['versions'].ravel()[bad[0]]}")
+        rows += expected.size
+    assert rows >= 3 * 64, rows

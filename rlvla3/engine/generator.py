@@ -159,13 +159,13 @@ class Generator:
         obs = {k: np.concatenate([r.obs[k] for r in batch]) for k in ("images", "proprio", "tokens")}
         sample, logp, value = self.actor.act(obs, np.concatenate([self._noise(r) for r in batch]))
         dt = time.perf_counter() - p0
-        self.metrics.span("infer", t0, dt, batch=n, requests=len(batch), version=self.version)
-        self.metrics.span("batch_wait", t0 - wait, wait, batch=n)
-        self.batches += 1
         i = 0
         for r in batch:
             self._reply(r, sample[i:i + r.n], logp[i:i + r.n], value[i:i + r.n])
             i += r.n
+        self.metrics.span("infer", t0, dt, batch=n, requests=len(batch), version=self.version)   # after the replies left
+        self.metrics.span("batch_wait", t0 - wait, wait, batch=n)
+        self.batches += 1
 
     def _noise(self, r: Request) -> np.ndarray:
         """The policy's sampling noise (U(0,1) for Gumbel-max over tokens, N(0,1) for a denoising
@@ -187,6 +187,9 @@ class Generator:
             "action": self.actor.to_env_action(sample), "sample": sample, "logprob": logp, "value": value})
         self.reply_reqs[r.gid] = self.transport.isend_buf(g.sim_rank, Tag.ACTION + r.gid, buf)
         self.busy.discard(r.gid)
+
+    def wake_fds(self) -> tuple:
+        return ()   # everything this role waits for comes by MPI (and rings the doorbell)
 
     def deadline(self) -> float | None:
         """When the open batch closes on T_max (monotonic), if one is open."""

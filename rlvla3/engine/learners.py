@@ -36,7 +36,8 @@ LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "app
 
 class EmulatedLearner:
     """Same interface as torch_learner.TorchLearner; shards are never read (their rows are counted from
-    the announcements), and the "weights" are a counter of optimizer steps."""
+    the announcements), and every "weight" counts the optimizer steps: a reply's value (the emulated
+    actor's fingerprint of the weights it holds) says which version answered it, and whether whole."""
 
     def __init__(self, cfg, spec, metrics, n_trainers: int, index: int):
         self.cfg, self.metrics, self.n, self.index = cfg, metrics, n_trainers, index
@@ -66,7 +67,7 @@ class EmulatedLearner:
         for s in slices:
             per_owner[s.owner] += s.stop - s.start
         sleep_ms(max(per_owner.values(), default=0) / self.rows_per_s * 1000.0)
-        self.params[0] += 1.0
+        self.params += 1.0
         return np.array([sum(per_owner.values())] + [0.0] * len(LOSS_KEYS), np.float64)
 
     def weights(self) -> np.ndarray:

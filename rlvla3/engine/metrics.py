@@ -5,6 +5,7 @@ Records (one JSON object per line):
   {"k": "span",   "n": name, "t": start (wall, rank-0 clock), "d": seconds, ...extra}
   {"k": "scalar", "n": name, "v": value, "t": time, ...extra}
   {"k": "summary", "cpu_s", "cpu_children_s", "wall_s", "spans": {name: [count, seconds]},
+   "run_cpu_s", "run_wall_s": the same from the end of start-up (`started`) on,
    "heavy_modules": [the HEAVY_MODULES this rank imported]}
 Span names: sim_step, reset, wait_action, infer, batch_wait, train, load_shard, weight_sync,
 shard_write, comm. `read_spans` reads them back (for analysis/ and the planner's profiles).
@@ -38,6 +39,7 @@ class Metrics:
         self._totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
         self._t_start = time.time()
         self._cpu0 = time.process_time()
+        self._run0 = (self._cpu0, self._t_start)   # moved by `started`
         self._next_flush = time.monotonic() + 1.0
         self._write({"k": "meta", "rank": rank, "role": role, "host": socket.gethostname(), "pid": os.getpid(),
                      "clock_offset": clock_offset, "t": self.now()})
@@ -67,6 +69,10 @@ class Metrics:
         finally:
             self.span(name, t0, time.perf_counter() - p0, **extra)
 
+    def started(self) -> None:
+        """Start-up (imports, env processes, models) is over: `run_cpu_s` counts from here."""
+        self._run0 = (time.process_time(), time.time())
+
     def flush(self) -> None:
         """Write out what is buffered now (a record that must survive a kill right after it)."""
         self._f.flush()
@@ -81,6 +87,7 @@ class Metrics:
                    "cpu_s": time.process_time() - self._cpu0,
                    "cpu_children_s": children.ru_utime + children.ru_stime,
                    "wall_s": time.time() - self._t_start,
+                   "run_cpu_s": time.process_time() - self._run0[0], "run_wall_s": time.time() - self._run0[1],
                    "spans": {k: list(v) for k, v in self._totals.items()},
                    "heavy_modules": [m for m in HEAVY_MODULES if m in sys.modules]}
         self._write(summary)

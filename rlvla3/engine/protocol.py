@@ -9,6 +9,7 @@ Every sample carries the policy version that produced it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -155,14 +156,8 @@ class Codec:
 
     fields: tuple[tuple[str, tuple[int, ...], str], ...]
 
-    def layout(self, n: int) -> list[tuple[str, tuple[int, ...], np.dtype, int, int]]:
-        out, off = [], HEADER * 8
-        for name, shape, dtype in self.fields:
-            dt = np.dtype(dtype)
-            nbytes = int(np.prod((n, *shape))) * dt.itemsize
-            out.append((name, (n, *shape), dt, off, nbytes))
-            off += (nbytes + 7) // 8 * 8
-        return out
+    def layout(self, n: int) -> tuple[tuple[str, tuple[int, ...], np.dtype, int, int], ...]:
+        return codec_layout(self.fields, n)
 
     def nbytes(self, n: int) -> int:
         name, shape, dt, off, nb = self.layout(n)[-1]
@@ -183,6 +178,19 @@ class Codec:
     def unpack(self, buf: np.ndarray, n: int) -> dict[str, np.ndarray]:
         """Views into buf (no copy)."""
         return {name: buf[off: off + nb].view(dt).reshape(shape) for name, shape, dt, off, nb in self.layout(n)}
+
+
+@functools.lru_cache(maxsize=256)
+def codec_layout(fields: tuple, n: int) -> tuple[tuple[str, tuple[int, ...], np.dtype, int, int], ...]:
+    """(name, shape, dtype, offset, bytes) of each field for n samples (cached: it is on every
+    request's path, and a run has few group sizes)."""
+    out, off = [], HEADER * 8
+    for name, shape, dtype in fields:
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod((n, *shape))) * dt.itemsize
+        out.append((name, (n, *shape), dt, off, nbytes))
+        off += (nbytes + 7) // 8 * 8
+    return tuple(out)
 
 
 def request_id(seq: int, t: int, segment_steps: int) -> int:

@@ -87,8 +87,10 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
             f"MPI world has {comm.Get_size()} ranks but the config needs {world.size} "
             f"(cluster.sim_ranks + gen_ranks + train_ranks, placement={cfg.mode.placement})")
     rt = cfg.runtime
+    bell = doorbell_of(comm, rt.wake)
+    longest = rt.max_idle_wait if bell is not None and bell.reachable else rt.max_idle_sleep
     transport = Transport(MpiLink(comm), Wiring.of(world, rank), rt.startup_timeout, rt.heartbeat_interval,
-                          rt.idle_sleep, rt.max_idle_sleep)
+                          rt.idle_sleep, longest, bell=bell, spin=rt.spin_us / 1e6)
     if MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
         transport.beat_in_background()   # alive while the main loop is busy (model load, checkpoint)
     elif rank == 0:
@@ -100,12 +102,25 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
     roles = build_roles(cfg, world, transport, metrics, run, rank, preemption)
     # Start-up (env processes, model init) may be slow; from here on peers must stay live.
     transport.watch_from_now(rt.liveness_timeout)
+    metrics.started()
     drive(roles, transport, preemption if rank == 0 else None)
     transport.flush(rt.shutdown_timeout)
     metrics.close()
     if held is not None:
         held.release()
     return 0
+
+
+def doorbell_of(comm, wake: str):
+    """This rank's doorbell, connected to every other rank's (a collective: every rank calls it),
+    or None with runtime.wake=sleep."""
+    if wake != "doorbell":
+        return None
+    from .doorbell import Doorbell
+
+    bell = Doorbell()
+    bell.connect(comm.allgather(bell.address()), comm.Get_rank())
+    return bell
 
 
 def build_roles(cfg, world, transport, metrics, run: Path, rank: int, preemption=None) -> list:
@@ -140,7 +155,7 @@ def drive(roles: list, transport, preemption: Preemption | None = None, stall_re
             last_work, reported = time.monotonic(), False  # armed: report the next long stall
         else:
             due = [t for t in (r.deadline() for r in roles) if t is not None]
-            transport.backoff.idle(min(due, default=None))
+            transport.backoff.idle(min(due, default=None), tuple(fd for r in roles for fd in r.wake_fds()))
             if not reported and time.monotonic() - last_work > stall_report:
                 print(f"[rank {transport.rank}] no progress for {stall_report:.0f}s: " +
                       "; ".join(r.describe() for r in roles), file=sys.stderr, flush=True)

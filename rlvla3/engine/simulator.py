@@ -152,17 +152,21 @@ class GroupLoop:
             self._send_request(Kind.ACT)
             return True
         if self.state in (WAIT_ACTION, WAIT_BOOTSTRAP) and self.recv_req.Test():
+            waited = time.time() - self.t_sent
             self.sim.transport.seen(self.gen_rank)
-            self.sim.metrics.span("wait_action", self.t_sent, time.time() - self.t_sent, gid=self.g.gid)
             if self.state == WAIT_ACTION:
                 self._on_action()
             else:
                 self._on_bootstrap()
+            self.sim.metrics.span("wait_action", self.t_sent, waited, gid=self.g.gid)   # once the envs are stepping
             return True
         return False
 
     def deadline(self) -> float | None:
         return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
+
+    def wake_fds(self) -> tuple:
+        return self.env.wake_fds() if self.state in (RESETTING, STEPPING) else ()
 
     def _start_reset(self) -> None:
         """`World.shared_reset`: every env of the group from one seed; else each env's own seeds."""
@@ -321,6 +325,10 @@ class Simulator:
         """The earliest emulated env result due (monotonic), if any."""
         return min((t for t in (g.deadline() for g in self.groups) if t is not None), default=None)
 
+    def wake_fds(self) -> tuple:
+        """Files whose data is this rank's next work (env children's pipes): idle waits end on them."""
+        return tuple(fd for g in self.groups for fd in g.wake_fds())
+
     def describe(self) -> str:
         return ("simulator groups: " + ", ".join(f"g{g.g.gid}:{g.state.name}@seq{g.seq}t{g.t}" for g in self.groups)
                 + f"; {len(self.writing)} shard(s) being written")
@@ -337,7 +345,9 @@ class Simulator:
         v = arrays["versions"]
         msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
                          env_steps=int(arrays["env_steps"].sum()), sim_rank=self.rank, **group.stats)
-        self.writing.append((self.writer.submit(self._write, name, arrays, bootstrap, attrs), msg))
+        fut = self.writer.submit(self._write, name, arrays, bootstrap, attrs)
+        fut.add_done_callback(lambda _: self.transport.ring(self.rank))   # an idle rank announces it at once
+        self.writing.append((fut, msg))
 
     def _write(self, name, arrays, bootstrap, attrs) -> tuple[float, float]:
         """(writer thread) -> (start, seconds) of the write, for the main thread's metrics."""

@@ -360,6 +360,9 @@ class Trainer:
             self._note(f"[eval] version {v}: held-out success {res['success']:.2f} over {res['episodes']} episodes "
                        f"(95% Wilson {res['success_lo']:.2f}-{res['success_hi']:.2f}){best}")
 
+    def wake_fds(self) -> tuple:
+        return ()   # everything this role waits for comes by MPI (and rings the doorbell)
+
     def deadline(self) -> float | None:
         return None  # the Trainer only waits for messages
 

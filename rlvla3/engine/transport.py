@@ -16,13 +16,16 @@ MPI job instead of leaving it hanging.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
+from . import doorbell
 from .protocol import ClockSync, Heartbeat, Tag
 from .wiring import Wiring
 
@@ -35,22 +38,40 @@ class PeerSilent(RuntimeError):
 
 @dataclass
 class Backoff:
-    """Sleep that grows while a loop finds nothing to do, so idle ranks do not spin a core."""
+    """A wait that grows while a loop finds nothing to do, so idle ranks do not spin a core.
+
+    `wait(timeout, fds)` is the doorbell's (doorbell.py: it returns early when a peer rings or
+    one of `fds` has data) or a plain sleep."""
 
     lo: float
     hi: float
     cur: float = 0.0
+    wait: Callable[[float, tuple], bool] = doorbell.sleep
+    spin: float = 0.0      # seconds after the last work during which idle passes only yield the core
+    spins: int = 0         # passes left that look again without waiting (after an early wake)
+    last_work: float = 0.0
+    SPINS_AFTER_WAKE = 8   # Open MPI shows an arrived message to Iprobe after ~3 progress calls
 
-    def idle(self, until: float | None = None) -> None:
-        """Sleep the next backoff step, but not past `until` (time.monotonic()): a rank that
-        knows when its next piece of work is due (a batch deadline, an emulated step) wakes then."""
+    def idle(self, until: float | None = None, fds: tuple = ()) -> None:
+        """Wait the next backoff step, but not past `until` (time.monotonic()): a rank that
+        knows when its next piece of work is due (a batch deadline, an emulated step) wakes then.
+        Right after an early wake (a ring, data on `fds`) a few passes look again at once, and
+        for `spin` seconds after work every pass does (a reply expected soon finds the rank hot)."""
+        if self.spins > 0:
+            self.spins -= 1
+            return
+        if self.spin and time.perf_counter() - self.last_work < self.spin:
+            os.sched_yield()
+            return
         self.cur = min(self.hi, max(self.lo, self.cur * 2))
         dt = self.cur if until is None else min(self.cur, until - time.monotonic())
-        if dt > 0:
-            time.sleep(dt)
+        if self.wait(dt, fds):
+            self.cur, self.spins = 0.0, self.SPINS_AFTER_WAKE
 
     def busy(self) -> None:
-        self.cur = 0.0
+        self.cur, self.spins = 0.0, 0
+        if self.spin:
+            self.last_work = time.perf_counter()
 
 
 # ---------------------------------------------------------------- in-process delivery
@@ -209,6 +230,8 @@ class Transport:
     heartbeat_interval: float
     idle_lo: float = 0.0005
     idle_hi: float = 0.005
+    bell: doorbell.Doorbell | None = None   # rung on every send; None: peers are found by polling alone
+    spin: float = 0.0                       # runtime.spin_us, in seconds
     liveness_timeout: float | None = None  # set by `watch_from_now`, when this rank's start-up is over
     last_seen: dict[int, float] = field(default_factory=dict)
     started_peers: set = field(default_factory=set)   # peers whose heartbeats say their start-up is over
@@ -222,7 +245,7 @@ class Transport:
         now = time.monotonic()
         self.peers = tuple(sorted(self.wiring.peers))
         self.last_seen = {p: now for p in self.peers}
-        self.backoff = Backoff(self.idle_lo, self.idle_hi)
+        self.backoff = Backoff(self.idle_lo, self.idle_hi, wait=self.bell.wait if self.bell else doorbell.sleep, spin=self.spin)
         self._lock = threading.Lock()       # _pending is appended to by the heartbeat thread too
         self._beater: threading.Thread | None = None
         self._stop_beats = threading.Event()
@@ -252,9 +275,15 @@ class Transport:
         """Non-blocking pickled send; the request is completed in the background of poll()."""
         self.wiring.check_send(dest, tag, msg)
         req = self.link.isend(msg, dest, int(tag))
+        if tag != Tag.HEARTBEAT:   # a heartbeat needs no answer: let an idle peer sleep on
+            self.ring(dest)
         with self._lock:
             self._pending.append(req)
             self._reap()
+
+    def ring(self, dest: int) -> None:
+        if self.bell is not None:
+            self.bell.ring(dest)
 
     def poll(self, tag: Tag, source: int = ANY_SOURCE):
         """One waiting message with this tag as (source, msg), or None."""
@@ -282,7 +311,9 @@ class Transport:
     # ------------------------------------------------------------ bulk buffers
     def isend_buf(self, dest: int, tag: int, buf: np.ndarray):
         self.wiring.check_send(dest, tag, buf)
-        return self.link.Isend(buf, dest, int(tag))
+        req = self.link.Isend(buf, dest, int(tag))
+        self.ring(dest)
+        return req
 
     def irecv_buf(self, source: int, tag: int, buf: np.ndarray):
         self.wiring.check_recv(source, tag)

@@ -194,6 +194,9 @@ class LocalVecEnv(_GroupBase):
         """When the pending result becomes ready (monotonic), if one is pending."""
         return self._ready_at if self._out is not None else None
 
+    def wake_fds(self) -> tuple:
+        return ()   # nothing arrives from outside: the result is due at `deadline()`
+
     def result(self) -> GroupStep:
         out, self._out = self._out, None
         return self.gather(out)
@@ -321,6 +324,10 @@ class ProcessVecEnv(_GroupBase):
 
     def deadline(self) -> float | None:
         return None  # results arrive from the children; nothing is due at a known time
+
+    def wake_fds(self) -> tuple:
+        """The pipes of the children whose result is pending: an idle Simulator waits on them."""
+        return tuple(self.conns[k].fileno() for k in self._pending if self.conns[k] is not None and not self.conns[k].closed)
 
     def _restart(self, k: int, kind: str, died: bool) -> None:
         p = self.procs[k]

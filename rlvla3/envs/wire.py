@@ -108,5 +108,12 @@ class WireConnection:
     def poll(self, timeout: float = 0.0) -> bool:
         return self.conn.poll(timeout)
 
+    def fileno(self) -> int:
+        return self.conn.fileno()
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.closed
+
     def close(self) -> None:
         self.conn.close()

@@ -45,7 +45,13 @@ class EmulatedActor:
         sleep_ms(self.c.infer_fixed_ms + self.c.infer_per_sample_ms * n)
         tok = noise.argmax(-1)  # flat logits: Gumbel-max picks the largest uniform
         logp = np.full(n, -tok.shape[1] * math.log(self.c.action_bins), np.float32)
-        return tok.astype(np.int32), logp, np.zeros(n, np.float32)
+        return tok.astype(np.int32), logp, np.full(n, self.fingerprint(), np.float32)
+
+    def fingerprint(self) -> float:
+        """The value of every reply: the mean of the first and the last weight. The emulated
+        Trainer's weights all count its optimizer steps, so a whole version gives that count and
+        a model updated only in part (buckets land first to last) a value between two counts."""
+        return float(self.weights[0] + self.weights[-1]) / 2 if self.n_params else 0.0
 
     def to_env_action(self, action_tokens: np.ndarray) -> np.ndarray:
         return tokens_to_actions(action_tokens, self.c.action_bins, self.spec.chunk, self.spec.action_dim)

@@ -4,6 +4,7 @@
    `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`   (tools/bench_memory.py)
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`   (tools/bench_faults.py)
    `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
+   `python -m rlvla3.bench latency [--topologies 1+1,16+4] [--wakes sleep,doorbell,doorbell+spin]`   (tools/bench_latency.py)
    `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...,libero] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
@@ -416,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return fidelity(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity", "shards"])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity", "shards", "latency"])
     ap.add_argument("--minutes", type=float, default=10.0, help="faults: how long to inject faults")
     ap.add_argument("--seed", type=int, default=0, help="faults: the random choice of faults and moments")
     ap.add_argument("--tasks", default=",".join(t for t in SIM_TASKS if t not in LIBERO_TASKS),
@@ -434,6 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
     ap.add_argument("--fanouts", default="0,2", help="weights: relay tree fanouts (0: Trainer 0 sends to every Generator)")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="weights: bucket size (MiB)")
+    ap.add_argument("--topologies", default="1+1,16+4", help="latency: Simulators+Generators")
+    ap.add_argument("--wakes", default="sleep,doorbell,doorbell+spin", help="latency: how idle ranks wait")
+    ap.add_argument("--step-ms", type=float, default=0.0, help="latency: emulated env step (default: 5 ms at 1+1, 80 at 16+4)")
+    ap.add_argument("--requests", type=int, default=500, help="latency: action requests per Simulator")
+    ap.add_argument("--spin-us", type=float, default=10000.0,
+                    help="latency: runtime.spin_us of the doorbell+spin rows (default: longer than a 1+1 step)")
+    ap.add_argument("--idle-step-ms", type=float, default=200.0, help="latency: env step of the idle row")
+    ap.add_argument("--idle-seconds", type=float, default=20.0, help="latency: length of the idle row")
     ap.add_argument("--env", choices=sorted(WORKLOADS), default="emulated")
     ap.add_argument("--ladder", action="store_true", help="the full ablation ladder")
     ap.add_argument("--out", default="", help="folder for the run folders (default: a temporary one)")
@@ -453,6 +462,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "shards":
         from .bench_shards import shards_bench
         save_rows(a.out, "shards.json", shards_bench(a))
+        return 0
+    if a.what == "latency":
+        from .bench_latency import latency_bench
+        save_rows(a.out, "latency.json", latency_bench(a))
         return 0
     if a.what == "faults":
         from .bench_faults import faults_bench
