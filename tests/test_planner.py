@@ -21,7 +21,11 @@ DES_MEASURE_VERSIONS steps of hundreds of log-normal group steps each is well un
 
 @pytest.fixture(scope="module")
 def libero() -> P.Profile:
-    return P.load_profile(LIBERO)
+    """The LIBERO profile on an ideal site: the models' own rules, without network or filesystem
+    terms (those are tested on their own below), its publish costing what the site's broadcast
+    to the paper's 16 Generators (32 GPUs) adds to the load."""
+    site = P.load_profile(LIBERO)
+    return dataclasses.replace(P.ideal(site), weight_sync_ms=site.weight_sync_ms + P.broadcast_ms(site, 16))
 
 
 def sim_bound_profile(libero: P.Profile) -> P.Profile:
@@ -193,3 +197,52 @@ def test_validate_compares_the_models_with_the_engine_at_8_ranks(tmp_path, capsy
     (row,) = json.loads((tmp_path / "validate.json").read_text())
     assert row["ranks"] == 8 and row["mode"] == "async" and row["measured"] > 0
     assert abs(row["err_des"]) < 0.25 and abs(row["err_analytic"]) < 0.25, row
+
+
+def test_relay_depth_is_the_engines_tree():
+    from rlvla3.world import relay_tree
+
+    for gens in (1, 2, 3, 4, 7, 16, 100):
+        for fanout in (0, 1, 2, 3):
+            tree = relay_tree(gens, fanout)
+
+            def depth(i):
+                return 0 if tree[i][0] is None else 1 + depth(tree[i][0])
+
+            assert P.relay_depth(gens, fanout) == max(depth(i) for i in range(1, gens + 1)), (gens, fanout)
+
+
+def test_broadcast_scales_with_the_tree_and_is_capped_by_the_bisection(libero):
+    site = dataclasses.replace(libero, weights_mb=1000.0, net_gbps=10.0)   # 100 ms a buffer over one link
+    assert P.broadcast_ms(libero, 16) == 0.0, "no site terms: no broadcast cost"
+    assert P.broadcast_ms(site, 1, 0) == pytest.approx(100.0)
+    assert P.broadcast_ms(site, 16, 0) == pytest.approx(1600.0)              # Trainer 0 sends every copy
+    flat, tree = P.broadcast_ms(site, 256, 0), P.broadcast_ms(site, 256, 2)
+    assert tree < flat / 50, (tree, flat)                                     # fanout x buffer + a bucket a level
+    assert P.broadcast_ms(site, 256, 2) > P.broadcast_ms(site, 16, 2) > P.broadcast_ms(site, 2, 2)
+    capped = dataclasses.replace(site, net_bisection_gbps=20.0)
+    assert P.broadcast_ms(capped, 16, 2) == pytest.approx(16 * 1000.0 / 20.0)  # 16 copies through 20 GB/s
+
+
+def test_site_terms_cost_throughput_more_at_scale(libero):
+    site = P.load_profile(LIBERO)
+    assert P.effective(libero, P.propose(libero, 8, des_checks=1).best.layout) == libero
+    cost = []
+    for gpus in (8, 256):
+        lay = P.propose(libero, gpus, des_checks=1).best.layout
+        eff = P.effective(site, lay)
+        assert eff.weight_sync_ms > site.weight_sync_ms and eff.shard_delay_ms > 0 and eff.request_overhead_ms > 0
+        assert P.effective(eff, lay) == eff, "the effective profile has no site terms left to add"
+        cost.append(1 - P.analytic(site, lay).steps_per_s / P.analytic(libero, lay).steps_per_s)
+    assert 0 < cost[0] < cost[1], cost
+
+
+def test_show_prints_the_scaling_curve_with_and_without_the_site(capsys):
+    assert plan_main(["show", "--profile", str(LIBERO), "--gpus", "8..16", "--des-checks", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in ("8", "16")]
+    assert [r[0] for r in rows] == ["8", "16"], out
+    site, ideal = float(rows[1][1]), float(rows[1][4])
+    assert 0 < site < ideal, out
+    with pytest.raises(SystemExit):
+        plan_main(["show", "--profile", str(LIBERO), "--gpus", "16..8"])

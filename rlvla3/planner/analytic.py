@@ -10,6 +10,7 @@ from functools import lru_cache
 import numpy as np
 
 from .layout import SEGMENT_STEPS, SEGMENTS_PER_STEP, Layout, lockstep_components
+from .network import effective
 from .profile import MS_PER_S, Profile, require
 
 LOGNORMAL_GRID = 4001
@@ -178,6 +179,7 @@ class Estimate:
 
 def analytic(profile: Profile, layout: Layout) -> Estimate:
     """The bottleneck model: seconds per rollout step from the stage times and the mode's overlap."""
+    profile = effective(profile, layout)   # the site's network and filesystem, as engine costs
     R = layout.rollout_batch
     train_s = R / (profile.train_samples_per_s * layout.train_gpus)
     sync_s = profile.weight_sync_ms / MS_PER_S

@@ -1,4 +1,4 @@
-"""`python -m rlvla3.plan show|ladder --profile conf/profile/X.yaml --gpus G`
+"""`python -m rlvla3.plan show|ladder --profile conf/profile/X.yaml --gpus G`   (show --gpus 8..256: the scaling curve)
    `python -m rlvla3.plan profile <run folder> [--profile out.yaml]`
    `python -m rlvla3.plan validate [--profile P] [--ranks 8,16,32] [--modes sync,async]`
 
@@ -25,7 +25,7 @@ from .analytic import Estimate, analytic
 from .des import simulate
 from .layout import layout_sharding
 from .overrides import overrides, overrides_yaml
-from .profile import PlannerError, Profile, load_profile, save_profile
+from .profile import PlannerError, Profile, load_profile, require, save_profile
 from .search import CPU_CORES_PER_GPU, DES_CHECKS, Proposal, Scored, env_budget, ladder_layouts, propose
 
 # Published v1 ablation ladder, LIBERO + pi0.5, 32 GPUs, env steps/s. SECONDARY transcriptions
@@ -78,6 +78,52 @@ def show_text(plan: Proposal) -> str:
                 f"{(pred / sync - 1) * 100:+.1f}%; vs naive 1:1 {naive:.1f}: {(pred / naive - 1) * 100:+.1f}%; "
                 f"env:GPU ratio {best.layout.num_envs / plan.gpus:.1f} envs per GPU, "
                 f"mean staleness {best.des.staleness:.2f} versions" if best.des else "")
+    return "\n".join(rows)
+
+
+def gpu_budgets(text: str) -> tuple[int, ...]:
+    """--gpus: one budget (`32`) or a scaling range (`8..256`: every power of two from 8 to 256)."""
+    lo, _, hi = text.partition("..")
+    try:
+        a, b = int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus {text!r}: give a number (32) or a range (8..256)") from None
+    if a < 1 or b < a:
+        raise argparse.ArgumentTypeError(f"--gpus {text!r}: the range must run upwards from 1 or more")
+    out, g = [], a
+    while g <= b:
+        out.append(g)
+        g *= 2
+    return tuple(out)
+
+
+SCALING_PAPER = ("the paper (RL-VLA3, LIBERO + pi0.5) reports near-linear scaling from 8 to 24 GPUs and less "
+                 "than linear beyond")
+
+
+def scaling_text(profile: Profile, budgets: tuple[int, ...], cpu_cores: int | None, des_checks: int, seed: int) -> str:
+    """The planned throughput per GPU budget with the profile's site terms (network, filesystem)
+    and without them, and what the site costs at each budget."""
+    from .network import broadcast_ms, has_site, ideal
+
+    rows = [f"profile {profile.name}: planned async throughput by GPU budget (model predictions; DES-checked), with the "
+            f"site's network and filesystem terms and without them (an ideal site)",
+            f"{'GPUs':>5s} {'site steps/s':>13s} {'per GPU':>8s} {'scaling':>8s} {'ideal steps/s':>14s} {'per GPU':>8s} "
+            f"{'scaling':>8s} {'site cost':>9s} {'publish ms':>10s}  bound (site)"]
+    if not has_site(profile):
+        rows.insert(1, "note: this profile has no site terms (weights_mb, net_gbps, fs_mbps, ...): both curves are the same")
+    base = None
+    for gpus in budgets:
+        site = propose(profile, gpus, cpu_cores, des_checks, seed).best
+        free = propose(ideal(profile), gpus, cpu_cores, des_checks, seed).best
+        s, f = site.best_estimate, free.best_estimate
+        base = base or (s / gpus, f / gpus, gpus)
+        rows.append(f"{gpus:5d} {s:13.1f} {s / gpus:8.1f} {s / gpus / base[0]:7.0%} {f:14.1f} {f / gpus:8.1f} "
+                    f"{f / gpus / base[1]:7.0%} {1 - s / f:8.0%} {broadcast_ms(profile, site.layout.gen_gpus):10.0f}  "
+                    f"{site.analytic.bottleneck}")
+    rows.append(f"scaling = throughput per GPU relative to {base[2]} GPUs; site cost = 1 - site / ideal; publish = the "
+                f"relay tree's broadcast of weights_mb to the planned Generators")
+    rows.append(f"note: {SCALING_PAPER}")
     return "\n".join(rows)
 
 
@@ -165,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=("show", "ladder", "profile", "validate"))
     ap.add_argument("run", nargs="?", type=Path, help="profile: the run folder to measure")
     ap.add_argument("--profile", type=Path, help="planner profile YAML (conf/profile/*.yaml); profile: where to write it")
-    ap.add_argument("--gpus", type=int, help="GPU budget (whole GPU nodes)")
+    ap.add_argument("--gpus", type=gpu_budgets, help="GPU budget (whole GPU nodes); show: A..B prints the scaling "
+                                                      "curve over the powers of two from A to B")
     ap.add_argument("--cpu-cores", type=int, default=None,
                     help=f"CPU cores for Simulators (default {CPU_CORES_PER_GPU} per GPU)")
     ap.add_argument("--des-checks", type=int, default=DES_CHECKS, help="best analytic candidates re-checked by the DES")
@@ -184,10 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.command} needs --profile and --gpus")
     try:
         profile = load_profile(args.profile)
-        if args.command == "ladder":
-            print(ladder_text(profile, args.gpus, args.cpu_cores, args.seed))
+        if len(args.gpus) > 1:
+            require(not args.write, "--write", args.write, "write one plan at a time: give --gpus a single budget")
+            print(scaling_text(profile, args.gpus, args.cpu_cores, max(1, args.des_checks), args.seed))
             return 0
-        plan = propose(profile, args.gpus, args.cpu_cores, max(1, args.des_checks), args.seed)
+        if args.command == "ladder":
+            print(ladder_text(profile, args.gpus[0], args.cpu_cores, args.seed))
+            return 0
+        plan = propose(profile, args.gpus[0], args.cpu_cores, max(1, args.des_checks), args.seed)
         print(show_text(plan))
         if args.write:
             write_config(plan, args.write)

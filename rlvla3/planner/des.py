@@ -14,6 +14,7 @@ import numpy as np
 from ..engine.batcher import DynamicBatcher
 from .analytic import Estimate, _chunks, forward_ms
 from .layout import SEGMENT_STEPS, SEGMENTS_PER_STEP, Layout, lockstep_components
+from .network import effective
 from .profile import MS_PER_S, PlannerError, Profile
 
 # The DES.
@@ -278,6 +279,7 @@ def simulate(profile: Profile, layout: Layout, seed: int = 0,
     publishes of the first and the last measured version: throughput is env steps completed in
     that window / its length (sync: whole cycles exactly); detail["consumed_steps_per_s"] is the
     Trainer's rate (rollout_batch x versions / window), which lags when the eta gate is loose."""
+    profile = effective(profile, layout)   # the site's network and filesystem, as engine costs
     scale, trainer_gpus, sim_layout = 1.0, float(layout.train_gpus), layout
     if layout.env_level and layout.placement == "disaggregated" and layout.gen_gpus > max_generators:
         scale = max_generators / layout.gen_gpus

@@ -51,6 +51,25 @@ class Profile:
     shard_delay_ms: float = 0.0
     """From a segment's end to its shard being announced to the Trainer (write + rename on the
     shared filesystem, on the Simulator's writer thread)."""
+    # The site's network and filesystem (planner/network.py); 0 leaves a term out of the models.
+    weights_mb: float = 0.0
+    """Bytes of one publish on the wire (MB): what the Trainer broadcasts to every Generator.
+    With weights_mb and net_gbps set, the broadcast is modelled and weight_sync_ms holds only the
+    Trainer's gather and a Generator's load."""
+    net_gbps: float = 0.0
+    """Node-to-node bandwidth of one link, GB/s (one sender to one receiver)."""
+    net_latency_us: float = 0.0
+    """One message's latency between nodes, microseconds (each request crosses twice)."""
+    net_bisection_gbps: float = 0.0
+    """Total bandwidth all links can carry at once, GB/s (0: every link runs at net_gbps)."""
+    message_us: float = 0.0
+    """A Generator's CPU per request (receive, unpack, pack, reply), microseconds: bounds the
+    requests per second one Generator can take."""
+    sample_kb: float = 0.0
+    """Shard bytes per sample (images compressed, proprio, tokens, sample), KB."""
+    fs_mbps: float = 0.0
+    """Shared filesystem bandwidth, MB/s, all clients together (shards are written once by the
+    Simulators and read once by the Trainers)."""
 
     def __post_init__(self):
         positive = ("step_ms", "episode_steps", "max_batch", "train_samples_per_s", "cores_per_cpu_node",
@@ -58,7 +77,7 @@ class Profile:
         for name in positive:
             require(getattr(self, name) > 0, f"profile.{name}", getattr(self, name), "must be > 0")
         for name in ("step_sigma", "reset_ms", "infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms",
-                     "request_overhead_ms", "shard_delay_ms"):
+                     *OPTIONAL_FIELDS):
             require(getattr(self, name) >= 0, f"profile.{name}", getattr(self, name), "must be >= 0")
 
 
@@ -68,8 +87,10 @@ def require(ok: bool, name: str, value, fix: str) -> None:
 
 
 PROFILE_FIELDS = tuple(f.name for f in dataclasses.fields(Profile))
-OPTIONAL_FIELDS = ("request_overhead_ms", "shard_delay_ms")
-"""Engine overheads a hand-written profile may leave out (0: an ideal engine)."""
+SITE_FIELDS = ("weights_mb", "net_gbps", "net_latency_us", "net_bisection_gbps", "message_us", "sample_kb", "fs_mbps")
+"""The site's network and filesystem (0: not modelled; `network.ideal` zeroes them)."""
+OPTIONAL_FIELDS = ("request_overhead_ms", "shard_delay_ms", *SITE_FIELDS)
+"""Engine overheads and site terms a hand-written profile may leave out (0: an ideal engine)."""
 _INT_FIELDS = ("episode_steps", "max_batch", "cores_per_cpu_node", "gpus_per_node")
 
 

@@ -171,8 +171,38 @@ def weights_bench(a) -> int:
                 gbps = r["bytes_per_generator"] * r["generators"] / r["seconds"] / 1e9
                 print(f"{r['params']:10.0e} {r['generators']:5d} {r['fanout']:6d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
                       f"{r['seconds']:8.3f} {gbps:8.2f} {r['max_rel_error']:11.2e}", flush=True)
+    print(broadcast_check(rows, a.bucket_mb))
     save_rows(a.out, "weights.json", rows)
     return 0
+
+
+def broadcast_check(rows: list[dict], bucket_mb: float) -> str:
+    """The planner's broadcast term (planner/network.py) against the measured publishes: the link
+    bandwidth is the 1-Generator publish of the same size and wire (bytes / seconds), and the
+    bisection limit this machine's cores at that bandwidth (on one node every copy is a core's)."""
+    import dataclasses
+
+    from ..cluster.compose import CONF_DIR
+    from ..planner.network import broadcast_ms
+    from ..planner.profile import load_profile
+
+    base = load_profile(CONF_DIR / "profile/emulated_validation.yaml")
+    single = {(r["params"], r["dtype"]): r for r in rows if r["generators"] == 1}
+    cores = os.cpu_count() or 1
+    lines = [f"planner broadcast model (link bandwidth from the 1-Generator row, bisection {cores} cores' worth):",
+             f"{'params':>10s} {'gens':>5s} {'fanout':>6s} {'wire':9s} {'measured s':>10s} {'model s':>8s} {'error':>7s}"]
+    for r in rows:
+        one = single.get((r["params"], r["dtype"]))
+        if one is None or r["generators"] == 1:
+            continue
+        gbps = one["bytes_per_generator"] / one["seconds"] / 1e9
+        prof = dataclasses.replace(base, weights_mb=r["bytes_per_generator"] / 1e6, net_gbps=gbps,
+                                   net_bisection_gbps=cores * gbps)
+        model = broadcast_ms(prof, r["generators"], r["fanout"], bucket_mb * 2**20 / 1e6) / 1e3
+        r["model_seconds"] = model
+        lines.append(f"{r['params']:10.0e} {r['generators']:5d} {r['fanout']:6d} {r['dtype']:9s} {r['seconds']:10.3f} "
+                     f"{model:8.3f} {model / r['seconds'] - 1:+7.0%}")
+    return "\n".join(lines)
 
 
 # Policy families as a user selects them (conf/policy/*.yaml), on the env of the overrides.
