@@ -387,6 +387,10 @@ class RuntimeConfig:
     """runtime.wake=doorbell: the longest wait for a ring before looking anyway (what a lost ring
     costs at most); a rank some peer cannot ring (on another host whose name resolves to a
     loopback address) waits max_idle_sleep instead."""
+    obs_compression: str = "none"
+    """none | lz4 | delta-lz4: how a request's images travel from Simulator to Generator.
+    delta-lz4 XORs each frame with the group's previous one before LZ4 (engine/obs_compression.py);
+    worth it between nodes on a slow network, not on one node (`python -m rlvla3.bench obs`)."""
     spin_us: float = 0.0
     """For this many microseconds after it did work a rank polls without waiting (yielding the
     core), so an answer that comes soon finds it awake; 0: it waits at once."""

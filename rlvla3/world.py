@@ -431,6 +431,8 @@ def validate(cfg: RunConfig) -> None:
     _require(rt.ckpt_every >= 1, "runtime.ckpt_every", rt.ckpt_every, "must be >= 1 (checkpoint every N versions)")
     _require(rt.shard_codec in ("zstd", "none"), "runtime.shard_codec", rt.shard_codec, "use zstd or none")
     _require(rt.wake in ("doorbell", "sleep"), "runtime.wake", rt.wake, "use doorbell or sleep")
+    _require(rt.obs_compression in ("none", "lz4", "delta-lz4"), "runtime.obs_compression", rt.obs_compression,
+             "use none, lz4 or delta-lz4")
     _require(rt.max_idle_wait > 0, "runtime.max_idle_wait", rt.max_idle_wait, "use a positive number of seconds")
     _require(rt.spin_us >= 0, "runtime.spin_us", rt.spin_us, "use 0 (wait at once) or more microseconds")
     validate_eval(cfg)

@@ -21,9 +21,10 @@ EMULATED = ["+experiment=emulated", "env.num_envs=8", "env.horizon=12", "env.ste
             "algo.max_versions=3", "cluster.sim_ranks=2", "cluster.gen_ranks=2", "cluster.train_ranks=2",
             "policy.train_samples_per_s=4000", "runtime.liveness_timeout=20"]
 # Three Generators in a chain: Trainer 0 -> Generator -> Generator -> Generator (the relay tree at its deepest).
-# Each publish in 8 buckets (200,000 float32 in 0.1 MiB).
+# Each publish in 8 buckets (200,000 float32 in 0.1 MiB); requests compressed (variable-size MPI messages).
 RELAY_CHAIN = [*(o for o in EMULATED if not o.startswith("cluster.gen_ranks")), "cluster.gen_ranks=3",
-               "generator.weights_fanout=1", "policy.emulated_params=200000", "generator.weights_bucket_mb=0.1"]
+               "generator.weights_fanout=1", "policy.emulated_params=200000", "generator.weights_bucket_mb=0.1",
+               "runtime.obs_compression=delta-lz4"]
 
 
 def test_emulated_ranks_import_neither_torch_nor_a_simulator_and_train_every_row(tmp_path):

@@ -197,6 +197,8 @@ def test_validate_compares_the_models_with_the_engine_at_8_ranks(tmp_path, capsy
     (row,) = json.loads((tmp_path / "validate.json").read_text())
     assert row["ranks"] == 8 and row["mode"] == "async" and row["measured"] > 0
     assert abs(row["err_des"]) < 0.25 and abs(row["err_analytic"]) < 0.25, row
+    assert "efficiency" in out and row["ideal_pipeline"] >= row["des"] * 0.97, row   # no overhead: never slower
+    assert row["efficiency"] == pytest.approx(row["measured"] / row["ideal_pipeline"])
 
 
 def test_relay_depth_is_the_engines_tree():

@@ -20,6 +20,7 @@ from ..policies import make_actor
 from ..world import World, spec
 from . import weights
 from .batcher import DynamicBatcher, WindowTuner
+from .obs_compression import obs_wire
 from .protocol import Done, Kind, Stop, Tag, WeightsHeader, action_codec, obs_codec
 
 
@@ -42,6 +43,7 @@ class Generator:
         self.obs_codec, self.act_codec = obs_codec(self.sp), action_codec(self.sp)
         self.groups = {g.gid: g for g in world.groups_of_gen(gen_index)}
         self.recv_bufs = {gid: self.obs_codec.alloc(g.size) for gid, g in self.groups.items()}
+        self.wires = {gid: obs_wire(cfg, self.obs_codec, g.size) for gid, g in self.groups.items()}   # None: raw
         self.reply_bufs = {gid: self.act_codec.alloc(g.size) for gid, g in self.groups.items()}
         self.reply_reqs: dict[int, object] = {}
         self.busy: set[int] = set()            # groups with a request received and not yet answered
@@ -102,7 +104,7 @@ class Generator:
             if gid in self.busy or g.sim_rank in self.transport.done_ranks:
                 continue
             buf = self.recv_bufs[gid]
-            if not self.transport.recv_buf_now(g.sim_rank, Tag.OBS + gid, buf):
+            if not self._receive_obs(g, buf):
                 continue
             work = True
             if self.stopped:
@@ -113,6 +115,17 @@ class Generator:
             self._tune(req)
             self._admit(req)
         return work
+
+    def _receive_obs(self, g, buf: np.ndarray) -> bool:
+        """A group's waiting request into `buf` (decompressed with runtime.obs_compression)."""
+        wire = self.wires[g.gid]
+        if wire is None:
+            return self.transport.recv_buf_now(g.sim_rank, Tag.OBS + g.gid, buf)
+        got = self.transport.recv_bytes_now(g.sim_rank, Tag.OBS + g.gid, wire.wire)
+        if got is None:
+            return False
+        wire.decode(got, buf)
+        return True
 
     def _admit(self, req: Request) -> None:
         if req.kind == Kind.BOOTSTRAP or req.step <= self.granted_until:

@@ -37,6 +37,7 @@ from ..envs.hosting import GroupStep, make_vec_env
 from ..policies.prompts import instruction_encoder
 from ..world import Group, World, group_seed, spec
 from . import checkpoints, shards
+from .obs_compression import obs_wire
 from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec, request_id
 
 
@@ -116,6 +117,7 @@ class GroupLoop:
         self.T = cfg.algo.segment_steps
         self.seg = SegmentBuffer.allocate(self.T, g.size, sp)
         self.obs_buf = sim.obs_codec.alloc(g.size)
+        self.wire = obs_wire(cfg, sim.obs_codec, g.size)   # None: the buffer travels as it is
         self.reply_buf = sim.act_codec.alloc(g.size)
         self.cur = {"images": None, "proprio": None, "tokens": None}
         self.cur_texts: list[str] = []               # the instructions the tokens of `cur` encode
@@ -180,7 +182,8 @@ class GroupLoop:
         header = (self.g.gid, request_id(self.seq, self.t, self.T), self.step_index, int(kind))
         self.sim.obs_codec.pack(self.obs_buf, header, self.cur)
         self.recv_req = self.sim.transport.irecv_buf(self.gen_rank, Tag.ACTION + self.g.gid, self.reply_buf)
-        self.send_req = self.sim.transport.isend_buf(self.gen_rank, Tag.OBS + self.g.gid, self.obs_buf)
+        data = self.obs_buf if self.wire is None else self.wire.encode(self.obs_buf)
+        self.send_req = self.sim.transport.isend_buf(self.gen_rank, Tag.OBS + self.g.gid, data)
         self.t_sent = time.time()
         self.state = WAIT_ACTION if kind == Kind.ACT else WAIT_BOOTSTRAP
 

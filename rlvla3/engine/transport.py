@@ -111,6 +111,10 @@ class Mailbox:
     def take(self, src: int, tag: int):
         return self.queues[tag][src].popleft()
 
+    def nbytes(self, src: int, tag: int) -> int:
+        """Bytes of the next buffer waiting from src (a buffer message's size)."""
+        return self.queues[tag][src][0].nbytes
+
 
 class PendingRecv:
     """An in-process buffer receive: completes once the matching buffer is in the mailbox."""
@@ -174,6 +178,15 @@ class MpiLink:
             return self.own.take(source, tag)
         return self.comm.recv(source=source, tag=tag)
 
+    def probe_bytes(self, source: int, tag: int) -> int | None:
+        """Bytes of a buffer message waiting from `source` (not ANY_SOURCE), or None."""
+        if source == self.rank:
+            return self.own.nbytes(source, tag) if self.own.source(source, tag) is not None else None
+        st = self.MPI.Status()
+        if self.comm.Iprobe(source=source, tag=tag, status=st):
+            return st.Get_count(self.MPI.BYTE)
+        return None
+
     def Isend(self, buf: np.ndarray, dest: int, tag: int):  # noqa: N802
         if dest == self.rank:
             self.own.put(dest, tag, buf.copy())
@@ -207,6 +220,10 @@ class LocalLink:
 
     def recv(self, source: int, tag: int):
         return self.boxes[self.rank].take(source, tag)
+
+    def probe_bytes(self, source: int, tag: int) -> int | None:
+        box = self.boxes[self.rank]
+        return box.nbytes(source, tag) if box.source(source, tag) is not None else None
 
     def Isend(self, buf: np.ndarray, dest: int, tag: int):  # noqa: N802
         self.boxes[dest].put(self.rank, tag, buf.copy())   # the sender reuses its buffer at once
@@ -327,6 +344,20 @@ class Transport:
         self.link.Recv(buf, source, int(tag))   # matched by the probe: no wait
         self.seen(source)
         return True
+
+    def recv_bytes_now(self, source: int, tag: int, buf: np.ndarray) -> np.ndarray | None:
+        """Receive a buffer of any size up to buf.nbytes if one is waiting (never waits): the
+        view of `buf` it filled, or None."""
+        n = self.link.probe_bytes(source, int(tag))
+        if n is None:
+            return None
+        if n > buf.nbytes:
+            raise RuntimeError(f"{self.who(self.rank)}: a {n}-byte message from {self.who(source)} (tag {tag}) "
+                               f"does not fit the {buf.nbytes}-byte receive buffer")
+        self.wiring.check_recv(source, tag)
+        self.link.Recv(buf[:n], source, int(tag))
+        self.seen(source)
+        return buf[:n]
 
     def wait(self, req, timeout: float, peer: int, what: str) -> None:
         deadline = time.monotonic() + timeout

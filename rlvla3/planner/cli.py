@@ -194,7 +194,8 @@ def validate(args) -> int:
                 rows.append(V.measure(profile, ranks, mode, out, args.seed, args.versions))
                 r = rows[-1]
                 print(f"  {mode:5s} {ranks:3d} ranks: engine {r['measured']:7.1f} steps/s, DES {r['des']:7.1f} "
-                      f"({r['err_des']:+.1%}), analytic {r['analytic']:7.1f} ({r['err_analytic']:+.1%})", flush=True)
+                      f"({r['err_des']:+.1%}), analytic {r['analytic']:7.1f} ({r['err_analytic']:+.1%}), "
+                      f"framework efficiency {r['efficiency']:.0%}", flush=True)
     except PlannerError as e:
         print(f"plan error: {e}", file=sys.stderr)
         return 2

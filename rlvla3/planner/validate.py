@@ -9,7 +9,9 @@ so 32 ranks fit on 2 cores. The engine is measured as the DES is: env steps comp
 Simulators between the first and the last version published, over that time. (`rlvla3.bench`
 counts the rows the Trainer consumed instead; over a short run with η = 1 that lags
 production while the rollout gets one step ahead, by up to 8% here at 32 ranks; both are in
-validate.json.) Error = predicted / measured - 1.
+validate.json.) Error = predicted / measured - 1. Framework efficiency = measured / the DES of
+the same plan with no engine overhead at all (`zero_overhead`): what the engine keeps of the
+ideal pipeline for that workload.
 
 Sync rows are the disaggregated lockstep baseline (η = 0, train after rollout); async rows are
 env-level groups with overlap, streaming and η = 1.
@@ -25,6 +27,7 @@ from pathlib import Path
 from .analytic import analytic
 from .des import simulate
 from .layout import Layout, layout_sharding
+from .network import ideal
 from .overrides import emulation_overrides, override_strings, run_overrides
 from .profile import PlannerError, Profile
 
@@ -81,6 +84,7 @@ def measure(profile: Profile, ranks: int, mode: str, root: Path, seed: int = 0, 
     lay = layout_for(ranks, mode)
     predicted = analytic(profile, lay).steps_per_s
     des = simulate(profile, lay, seed)
+    pipeline = simulate(zero_overhead(profile), lay, seed).steps_per_s
     cfg = compose(["+experiment=emulated", *engine_overrides(profile, lay, mode, versions)])
     run = root / f"{mode}-{ranks}"
     t0 = time.monotonic()
@@ -96,7 +100,15 @@ def measure(profile: Profile, ranks: int, mode: str, root: Path, seed: int = 0, 
     return {"ranks": ranks, "mode": mode, "envs": lay.num_envs, "analytic": predicted, "des": des.steps_per_s,
             "measured": measured, "consumed": steady_throughput(history),
             "err_analytic": predicted / measured - 1, "err_des": des.steps_per_s / measured - 1,
+            "ideal_pipeline": pipeline, "efficiency": measured / pipeline,
             "cpu_load": load, "wall_s": wall, "run": str(run), "layout": dataclasses.asdict(lay)}
+
+
+def zero_overhead(profile: Profile) -> Profile:
+    """The same workload on an engine with no overhead of its own (no request latency beyond
+    batching and the forward, shards on the Trainer the moment a segment ends) and an ideal
+    site: the pipeline the engine's framework efficiency is measured against."""
+    return dataclasses.replace(ideal(profile), request_overhead_ms=0.0, shard_delay_ms=0.0)
 
 
 def produced_per_s(run: Path) -> float:
@@ -115,9 +127,12 @@ def produced_per_s(run: Path) -> float:
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'ranks':>5s} {'mode':5s} {'envs':>5s} {'analytic':>9s} {'DES':>9s} {'engine':>9s} "
-             f"{'err analytic':>12s} {'err DES':>8s} {'CPU load':>8s}"]
+             f"{'err analytic':>12s} {'err DES':>8s} {'ideal':>9s} {'efficiency':>10s} {'CPU load':>8s}"]
     for r in rows:
         mark = "  (CPU-bound: informational)" if r["cpu_load"] > LOAD_LIMIT else ""
         lines.append(f"{r['ranks']:5d} {r['mode']:5s} {r['envs']:5d} {r['analytic']:9.1f} {r['des']:9.1f} "
-                     f"{r['measured']:9.1f} {r['err_analytic']:+11.1%} {r['err_des']:+7.1%} {r['cpu_load']:8.2f}{mark}")
+                     f"{r['measured']:9.1f} {r['err_analytic']:+11.1%} {r['err_des']:+7.1%} {r['ideal_pipeline']:9.1f} "
+                     f"{r['efficiency']:10.0%} {r['cpu_load']:8.2f}{mark}")
+    lines.append("ideal = the DES of the same plan with zero engine overhead (request_overhead_ms = shard_delay_ms = 0); "
+                 "efficiency = engine / ideal")
     return "\n".join(lines)

@@ -4,6 +4,7 @@
    `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`   (tools/bench_memory.py)
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`   (tools/bench_faults.py)
    `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
+   `python -m rlvla3.bench obs [overrides...]`   (tools/bench_obs.py: observation compression)
    `python -m rlvla3.bench latency [--topologies 1+1,16+4] [--wakes sleep,doorbell,doorbell+spin]`   (tools/bench_latency.py)
    `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...,libero] [--episodes 10] [overrides...]`
 
@@ -447,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return fidelity(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity", "shards", "latency"])
+    ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity", "shards",
+                                     "latency", "obs"])
     ap.add_argument("--minutes", type=float, default=10.0, help="faults: how long to inject faults")
     ap.add_argument("--seed", type=int, default=0, help="faults: the random choice of faults and moments")
     ap.add_argument("--tasks", default=",".join(t for t in SIM_TASKS if t not in LIBERO_TASKS),
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all); "
                                                    "memory: of openvla,openvla_oft,pi0,pi05")
     ap.add_argument("--copies", type=int, default=1, help="memory: frozen copies of the trainable weights (π_prox, a KL reference)")
-    ap.add_argument("--repeats", type=int, default=5, help="families, shards: timed repeats per measurement (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="families, shards, obs: timed repeats per measurement (median)")
     ap.add_argument("--size", choices=["tiny", "published"], default="tiny",
                     help="families: tiny sizes (any device), or the released sizes as the LIBERO presets set them up (a GPU)")
     ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
@@ -492,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "shards":
         from .bench_shards import shards_bench
         save_rows(a.out, "shards.json", shards_bench(a))
+        return 0
+    if a.what == "obs":
+        from .bench_obs import obs_bench
+        save_rows(a.out, "obs.json", obs_bench(a))
         return 0
     if a.what == "latency":
         from .bench_latency import latency_bench
