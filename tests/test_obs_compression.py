@@ -66,3 +66,17 @@ def test_the_generator_sees_exactly_what_the_simulator_sent_through_the_engine(t
 
     run.run(timeout=240, check=check)
     assert len(compared) > 20 and len(set(compared)) == len(sim.groups), compared[:10]
+
+
+@pytest.mark.sim
+def test_bench_obs_measures_every_mode_on_rendered_frames(tmp_path):
+    import json
+
+    from rlvla3.tools.bench import main
+
+    assert main(["obs", "--repeats", "1", "--out", str(tmp_path), "algo.segment_steps=6", "env.num_envs=2"]) == 0
+    rows = {r["mode"]: r for r in json.loads((tmp_path / "obs.json").read_text())}
+    assert set(rows) == {"none", "lz4", "delta-lz4"}
+    assert rows["none"]["wire_kb"] == rows["none"]["raw_kb"]
+    assert rows["delta-lz4"]["wire_kb"] < rows["lz4"]["wire_kb"] < rows["none"]["raw_kb"], rows   # renders change little
+    assert rows["delta-lz4"]["encode_ms"] > 0 and rows["delta-lz4"]["pays_below_mb_per_s"] > 0
