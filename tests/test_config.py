@@ -130,6 +130,30 @@ def test_a_run_folder_held_by_a_job_is_refused_before_anything_starts(tmp_path):
     check_free(run)                       # released: free again (a requeued job takes it back)
 
 
+def test_a_folder_holding_a_previous_run_is_refused_unless_resumed(tmp_path):
+    """A new run in a finished run's folder mixed its shards with the old ones and waited, until
+    its timeout, for versions that never came; now it is refused before anything starts."""
+    import subprocess
+    import sys
+
+    from rlvla3.cluster.compose import check_previous_run
+    from rlvla3.config import ConfigError
+    from rlvla3.engine import shards
+
+    run = tmp_path / "run"
+    (run / "shards" / shards.shard_name(0, 0, 0)).mkdir(parents=True)
+    (run / "ckpt").mkdir()
+    (run / "ckpt" / "v000001.pt").write_bytes(b"")
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "+experiment=toy", f"run_dir={run}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "holds a previous run (1 shards, 1 checkpoints)" in out.stderr, out.stderr[-2000:]
+    assert "resume=true" in out.stderr and not (run / "config.yaml").exists()
+    with pytest.raises(ConfigError, match="previous run"):
+        check_previous_run(compose(["+experiment=toy"]), run)
+    check_previous_run(compose(["+experiment=toy", "resume=true"]), run)   # continuing it is what resume is for
+    check_previous_run(compose(["+experiment=toy"]), tmp_path / "new")
+
+
 def test_the_console_first_says_what_the_run_will_do(tmp_path):
     from rlvla3.cluster.launch import describe
 

@@ -40,6 +40,29 @@ def compose(overrides: list[str] | None = None):
         return to_config(hydra_compose(config_name="config", overrides=list(overrides or [])))
 
 
+def previous_run(run_dir: Path) -> list[str]:
+    """What a run folder already holds of a run (published shards, checkpoints): a new run there
+    would mix its data with that one's (and waited for versions it would never see)."""
+    from ..engine import checkpoints, shards
+
+    held = []
+    if (run_dir / "shards").is_dir() and (n := len(shards.scan(run_dir / "shards"))):
+        held.append(f"{n} shards")
+    if n := len(checkpoints.all_ckpts(run_dir / "ckpt")):
+        held.append(f"{n} checkpoints")
+    return held
+
+
+def check_previous_run(cfg, run_dir: Path) -> None:
+    """A new run (not resume=true) refuses a folder that holds another run's data."""
+    from ..config import ConfigError
+
+    previous = [] if cfg.resume else previous_run(Path(run_dir))
+    if previous:
+        raise ConfigError(f"run_dir={str(run_dir)!r} holds a previous run ({', '.join(previous)}): add resume=true to "
+                          "continue it, or give a new run_dir (nothing in it was changed)")
+
+
 def prepare_run_dir(cfg, run_dir: Path):
     """Validate, then write the run folder (resolved config). Returns (cfg, world)."""
     from .. import config
@@ -54,6 +77,7 @@ def prepare_run_dir(cfg, run_dir: Path):
         check_free(run_dir)
     except RunFolderBusy as e:
         raise ConfigError(f"run_dir={str(run_dir)!r}: {e}") from None
+    check_previous_run(cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = config.replace(cfg, run_dir=str(run_dir))
     if cfg.resume:

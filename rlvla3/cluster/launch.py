@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .compose import CONF_DIR, prepare_run_dir, register_schema
+from .compose import CONF_DIR, check_previous_run, prepare_run_dir, register_schema
 from .local import cpu_warning, mpi_env, mpiexec_command
 
 
@@ -49,6 +49,7 @@ def _main(dcfg) -> None:
         run_dir = Path(cfg.run_dir or HydraConfig.get().runtime.output_dir)
         world = derive(cfg)
         check_free(run_dir)   # another job's run folder: refused before anything starts
+        check_previous_run(cfg, run_dir)   # a finished run's folder, without resume=true: likewise
     except (config.ConfigError, RunFolderBusy) as e:
         print(f"config error: {e}", file=sys.stderr)
         sys.exit(2)
