@@ -302,8 +302,8 @@ def check_env_python(cfg: RunConfig) -> None:
 def validate(cfg: RunConfig) -> None:
     """Check every field a run depends on; the first bad one raises ConfigError."""
     e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
-    _require(e.name in ("toy", "emulated", "robosuite", "metaworld", "libero", "robocasa"), "env.name", e.name,
-             "use toy, emulated, robosuite, metaworld, libero or robocasa")
+    _require(e.name in ("toy", "emulated", "robosuite", "metaworld", "libero", "robocasa", "maniskill"), "env.name", e.name,
+             "use toy, emulated, robosuite, metaworld, libero, robocasa or maniskill")
     if e.name == "libero":
         _validate_libero(e)
     _require(e.num_envs >= 1, "env.num_envs", e.num_envs, "must be >= 1")

@@ -12,6 +12,8 @@ wait_libero() {
   if ! wait "$libero_pid"; then cat "$libero_log"; echo "scripts/setup_libero.sh failed" >&2; exit 1; fi
   cat "$libero_log"
 }
+# ManiSkill3's interpreter (.venv-maniskill) and Mesa's lavapipe from bookworm-backports
+# (.mesa-backports, env=maniskill): after the apt step below, whose lock it would otherwise wait on.
 
 need_apt=()
 command -v mpiexec >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)
@@ -20,6 +22,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=900 "${need_apt[@]}"
 fi
+
+maniskill_log=$(mktemp)
+bash scripts/setup_maniskill.sh >"$maniskill_log" 2>&1 &
+maniskill_pid=$!
 
 python -m pip install -q "torch==2.13.0"              # the CPU build; a plain `torch` pulls CUDA
 python -m pip install -q -e ".[sim,test,analysis,vla,megatron,wandb]" "hydra-core==1.3.8" "omegaconf==2.3.*" "mujoco==3.3.7"
@@ -31,3 +37,5 @@ assert int(numpy.__version__.split(".")[0]) >= 2, numpy.__version__
 print("rlvla3 setup ok: torch", torch.__version__, "numpy", numpy.__version__, "zarr", zarr.__version__)
 PY
 wait_libero
+if ! wait "$maniskill_pid"; then cat "$maniskill_log"; echo "scripts/setup_maniskill.sh failed" >&2; exit 1; fi
+tail -1 "$maniskill_log"

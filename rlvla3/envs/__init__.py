@@ -1,7 +1,7 @@
 """Env adapters behind one small interface, and the observation and action sizes of each.
 
 This package imports no third-party module at its top: Simulator ranks never import torch. Heavy simulators
-(robosuite) are imported lazily inside the child process that hosts the env.
+(robosuite, mani_skill) are imported lazily inside the child process that hosts the env.
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def env_dims(cfg) -> EnvDims:
     elif e.name == "libero":
         from .libero_env import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
+    elif e.name == "maniskill":
+        from .maniskill_env import ACTION_DIM, PROPRIO_DIM
+        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "emulated":
         cams, prop, act = 1, e.proprio_dim, e.action_dim
     else:
@@ -64,6 +67,9 @@ def make_env(cfg, env_id: int):
     if name == "libero":
         from .libero_env import LiberoEnv
         return LiberoEnv(cfg.env)
+    if name == "maniskill":
+        from .maniskill_env import ManiSkillEnv
+        return ManiSkillEnv(cfg.env)
     raise ValueError(f"env.name={name!r} is unknown")
 
 
@@ -88,7 +94,7 @@ def interpreter(cfg) -> str:
 
 # The module an env's simulator is imported as (what `env.python` must be able to import).
 SIM_MODULES = {"libero": "libero.libero.envs", "robosuite": "robosuite", "robocasa": "robocasa", "metaworld": "metaworld",
-               "toy": None, "emulated": None}
+               "maniskill": "mani_skill.envs", "toy": None, "emulated": None}
 
 
 def in_process(cfg) -> bool:

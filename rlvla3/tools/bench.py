@@ -1,4 +1,4 @@
-"""`python -m rlvla3.bench throughput [--env emulated|robosuite|toy|libero] [--ladder] [overrides...]`
+"""`python -m rlvla3.bench throughput [--env emulated|robosuite|toy|libero|maniskill] [--ladder] [overrides...]`
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [--size tiny|published] [overrides...]`
    `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`   (tools/bench_memory.py)
@@ -6,7 +6,7 @@
    `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
    `python -m rlvla3.bench obs [overrides...]`   (tools/bench_obs.py: observation compression)
    `python -m rlvla3.bench latency [--topologies 1+1,16+4] [--wakes sleep,doorbell,doorbell+spin]`   (tools/bench_latency.py)
-   `python -m rlvla3.bench sims [--tasks Lift,Stack,PickPlaceCan,Door,pick-place-v3,...,libero] [--episodes 10] [overrides...]`
+   `python -m rlvla3.bench sims [--tasks Lift,...,pick-place-v3,...,libero,maniskill_PickCube] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
 steady-state env steps/s (versions after the first), the ratio to the best sync baseline,
@@ -46,6 +46,10 @@ WORKLOADS = {
                        "generator.b_max=2", "policy=emulated", "policy.infer_fixed_ms=28", "policy.infer_per_sample_ms=3",
                        "policy.train_samples_per_s=89", "policy.weight_sync_ms=200"],
     "toy": ["+experiment=toy", "algo.max_versions=6", "algo.update_epochs=1"],
+    # ManiSkill3 PickCube under .venv-maniskill (one env a process: its CPU backend), 2 envs at 64x64.
+    "maniskill": ["env=maniskill", "env.num_envs=2", "policy=tiny", "policy.patch=8", "algo.segment_steps=16",
+                  "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=5",
+                  "sharding.groups_per_rank=2", "generator.b_max=2"],
     # LIBERO's real scenes under .venv-libero (libero_spatial tasks 0-3, both cameras at 64x64).
     "libero": ["env=libero", "env.task_ids=[0,1,2,3]", "env.num_envs=4", "env.image_size=64", "policy=tiny",
                "policy.patch=16", "sharding.groups_per_rank=2", "algo.segment_steps=8", "algo.rollout_batch=32",
@@ -345,6 +349,7 @@ LIBERO_TASKS = {**{s: ["env=libero", f"env.suite={s}"] for s in LIBERO_SUITES},
                 "libero_spatial@224": ["env=libero", "env.image_size=224", "policy.patch=16"],
                 "libero_spatial@soft": ["env=libero", "env.hard_reset=false"]}
 SIM_TASKS.update(LIBERO_TASKS)
+SIM_TASKS.update({f"maniskill_{t}": ["env=maniskill", f"env.task={t}-v1"] for t in ("PickCube", "PushCube", "StackCube")})
 
 
 def sim_task_names(tasks: str) -> list[str]:
