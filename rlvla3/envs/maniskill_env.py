@@ -52,8 +52,13 @@ def use_backports_vulkan() -> None:
 class ManiSkillEnv:
     def __init__(self, cfg_env):
         use_backports_vulkan()
+        import logging
+
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401  (registers the tasks)
+
+        # "CUDA device was not found ... Rendering might be disabled": it is not (lavapipe renders).
+        logging.getLogger("mani_skill").setLevel(logging.ERROR)
 
         self.c = cfg_env
         size = cfg_env.image_size
