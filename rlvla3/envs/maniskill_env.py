@@ -36,10 +36,9 @@ def use_backports_vulkan() -> None:
     first (the driver needs a newer one than Debian 12's; a library loaded by absolute path
     satisfies the driver's later lookup by name)."""
     import ctypes
+    from pathlib import Path
 
-    from . import SOURCE_ROOT
-
-    root = SOURCE_ROOT / MESA_DIR
+    root = Path(__file__).resolve().parents[2] / MESA_DIR   # envs.SOURCE_ROOT (envs/__init__ imports this module)
     icd = root / "usr/share/vulkan/icd.d/lvp_icd.json"
     if not icd.exists():
         raise RuntimeError(f"{icd} is missing: run bash scripts/setup_maniskill.sh (Mesa's lavapipe from bookworm-backports)")
