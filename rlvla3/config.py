@@ -382,7 +382,7 @@ class RuntimeConfig:
     """doorbell | sleep: how an idle rank learns a message has come. doorbell: every send also
     rings the receiver's UDP socket and an idle rank waits on it (and on its env children's
     pipes), waking within ~0.1 ms; sleep: it sleeps idle_sleep..max_idle_sleep between polls
-    (`python -m rlvla3.bench latency` measures both). A lost ring costs at most max_idle_sleep."""
+    (`python -m rlvla3.bench latency` measures both). A lost ring costs at most max_idle_wait."""
     max_idle_wait: float = 0.05
     """runtime.wake=doorbell: the longest wait for a ring before looking anyway (what a lost ring
     costs at most); a rank some peer cannot ring (on another host whose name resolves to a

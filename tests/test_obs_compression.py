@@ -31,7 +31,7 @@ def frames(n: int, steps: int, size: int = 64) -> list[np.ndarray]:
 def test_every_buffer_arrives_bit_exact_and_delta_shrinks_the_wire(mode):
     cfg = compose([*TOY, "env.image_size=64"])
     codec, n = obs_codec(spec(cfg)), 3
-    sender, receiver = ObsWire(mode, codec.layout(n)), ObsWire(mode, codec.layout(n))
+    sender, receiver = ObsWire(mode, codec, n), ObsWire(mode, codec, n)
     buf, got = codec.alloc(n), codec.alloc(n)
     sizes = []
     for t, images in enumerate(frames(n, 30)):

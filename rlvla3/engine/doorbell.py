@@ -54,10 +54,8 @@ class Doorbell:
 
     def connect(self, addresses: list[tuple[str, str, int]], rank: int) -> None:
         """addresses[r]: rank r's `address()`. A peer with no reachable address is not rung."""
-        for r, (host, ip, port) in enumerate(addresses):
-            if r == rank:
-                self.peers[r] = ("127.0.0.1", port)   # a thread of this rank (the shard writer) wakes it too
-            elif host == self.host:
+        for r, (host, ip, port) in enumerate(addresses):   # this rank too: its shard writer thread rings it
+            if host == self.host:
                 self.peers[r] = ("127.0.0.1", port)
             elif ip:
                 self.peers[r] = (ip, port)

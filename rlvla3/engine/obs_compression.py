@@ -29,20 +29,18 @@ class ObsWire:
     """One group's end of the compressed observation path (the Simulator's or the Generator's):
     `encode` turns a packed obs buffer into the wire bytes, `decode` back into the buffer."""
 
-    def __init__(self, mode: str, layout):
-        """layout: obs_codec(spec).layout(n): the images field first, after the header."""
+    def __init__(self, mode: str, codec, n: int):
+        """codec: protocol.obs_codec(spec) (its images field first, after the header); n samples."""
         if mode not in MODES[1:]:
             raise ValueError(f"runtime.obs_compression={mode!r}: use one of {', '.join(MODES)}")
-        name, _, _, self.img_off, self.img_bytes = layout[0]
-        assert name == "images", layout
-        end = layout[-1][3] + layout[-1][4]
-        self.buf_bytes = (end + 7) // 8 * 8
-        self.rest = self.buf_bytes - self.img_off - self.img_bytes   # header + other fields, raw
+        name, _, _, self.img_off, self.img_bytes = codec.layout(n)[0]
+        assert name == "images", codec
+        self.buf_bytes = codec.nbytes(n)
         self.delta = mode == "delta-lz4"
         self.prev = np.zeros(self.img_bytes, np.uint8)
         self.codec = _lz4()
         # LZ4's worst case (incompressible input) plus numcodecs' 4-byte length prefix.
-        self.wire = np.zeros(self.img_off + self.rest + self.img_bytes + self.img_bytes // 255 + 32, np.uint8)
+        self.wire = np.zeros(self.buf_bytes + self.img_bytes // 255 + 32, np.uint8)
 
     def _raw(self, buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         i0, i1 = self.img_off, self.img_off + self.img_bytes
@@ -79,4 +77,4 @@ class ObsWire:
 def obs_wire(cfg, codec, n: int) -> ObsWire | None:
     """One group's end of the path for runtime.obs_compression (None: no compression)."""
     mode = cfg.runtime.obs_compression
-    return None if mode == "none" else ObsWire(mode, codec.layout(n))
+    return None if mode == "none" else ObsWire(mode, codec, n)

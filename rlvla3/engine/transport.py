@@ -111,9 +111,9 @@ class Mailbox:
     def take(self, src: int, tag: int):
         return self.queues[tag][src].popleft()
 
-    def nbytes(self, src: int, tag: int) -> int:
-        """Bytes of the next buffer waiting from src (a buffer message's size)."""
-        return self.queues[tag][src][0].nbytes
+    def waiting_bytes(self, src: int, tag: int) -> int | None:
+        """Bytes of the next buffer waiting from src (a buffer message's size), or None."""
+        return self.queues[tag][src][0].nbytes if self.source(src, tag) is not None else None
 
 
 class PendingRecv:
@@ -181,7 +181,7 @@ class MpiLink:
     def probe_bytes(self, source: int, tag: int) -> int | None:
         """Bytes of a buffer message waiting from `source` (not ANY_SOURCE), or None."""
         if source == self.rank:
-            return self.own.nbytes(source, tag) if self.own.source(source, tag) is not None else None
+            return self.own.waiting_bytes(source, tag)
         st = self.MPI.Status()
         if self.comm.Iprobe(source=source, tag=tag, status=st):
             return st.Get_count(self.MPI.BYTE)
@@ -222,8 +222,7 @@ class LocalLink:
         return self.boxes[self.rank].take(source, tag)
 
     def probe_bytes(self, source: int, tag: int) -> int | None:
-        box = self.boxes[self.rank]
-        return box.nbytes(source, tag) if box.source(source, tag) is not None else None
+        return self.boxes[self.rank].waiting_bytes(source, tag)
 
     def Isend(self, buf: np.ndarray, dest: int, tag: int):  # noqa: N802
         self.boxes[dest].put(self.rank, tag, buf.copy())   # the sender reuses its buffer at once

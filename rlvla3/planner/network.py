@@ -81,7 +81,7 @@ def effective(profile: Profile, layout: Layout) -> Profile:
     request = 2 * p.net_latency_us / 1e3
     shard_ms, train_sps = 0.0, p.train_samples_per_s
     if p.fs_mbps and p.sample_kb:
-        sims = max(len(layout_sharding(ideal(p), layout)), 1)
+        sims = max(len(layout_sharding(p, layout)), 1)
         segment_mb = SEGMENT_STEPS * layout.group_size * p.sample_kb / 1e3
         shard_ms = segment_mb / (p.fs_mbps / sims) * MS_PER_S
         read_s_per_sample = p.sample_kb / 1e3 / (p.fs_mbps / layout.train_gpus)

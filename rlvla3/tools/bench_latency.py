@@ -35,7 +35,7 @@ import numpy as np
 
 from ..cluster.compose import compose
 from ..cluster.local import run_local
-from ..engine.metrics import read_summaries
+from ..engine.metrics import read_spans, read_summaries
 
 WORKLOAD = ["env=emulated", "env.num_envs={envs}", "env.step_ms={step_ms}", "env.step_sigma=0", "env.reset_ms=1",
             "env.horizon=100000", "policy=emulated", "policy.infer_fixed_ms=0", "policy.infer_per_sample_ms=0",
@@ -60,13 +60,11 @@ def workload(sims: int, gens: int, step_ms: float, requests: int) -> list[str]:
 
 
 def spans(run: Path, name: str) -> dict[int, list[float]]:
-    """rank -> the durations (s) of its spans called `name`."""
+    """rank -> the durations (s) of its spans called `name`, in order."""
     out = defaultdict(list)
-    for f in sorted((run / "metrics").glob("rank*.jsonl")):
-        rank = int(f.stem[4:])
-        for line in f.open():
-            if f'"n":"{name}"' in line:
-                out[rank].append(json.loads(line)["d"])
+    for rank, _, rec in read_spans(run):
+        if rec["n"] == name:
+            out[rank].append(rec["d"])
     return out
 
 
@@ -97,14 +95,15 @@ def latency_bench(a) -> list[dict]:
     bad = [w for w in wakes if w not in WAKES]
     if bad:
         raise SystemExit(f"--wakes {','.join(bad)}: use any of {','.join(WAKES)}")
-    cases = [(topo, a.step_ms or TOPOLOGIES.get(topo, (0, 0, 0.0))[2]) for topo in a.topologies.split(",")]
+    unknown = [t for t in a.topologies.split(",") if t not in TOPOLOGIES]
+    if unknown:
+        raise SystemExit(f"--topologies {','.join(unknown)}: use any of {','.join(TOPOLOGIES)}")
+    cases = [(topo, a.step_ms or TOPOLOGIES[topo][2]) for topo in a.topologies.split(",")]
     cases.append(("idle", a.idle_step_ms))
     rows = []
     print(f"{'topology':9s} {'wake':14s} {'step ms':>7s} {'requests':>8s} {'p50 ms':>7s} {'p99 ms':>7s} {'infer ms':>8s}  "
           f"CPU per rank, % of a core")
     for topo, step_ms in cases:
-        if topo not in (*TOPOLOGIES, "idle"):
-            raise SystemExit(f"--topologies {topo}: use any of {','.join(TOPOLOGIES)}")
         sims, gens, _ = TOPOLOGIES.get(topo, (1, 1, 0.0))
         requests = a.requests if topo != "idle" else max(50, int(a.idle_seconds * 1e3 / step_ms))
         for wake in wakes:

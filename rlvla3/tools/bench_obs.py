@@ -40,7 +40,7 @@ def obs_bench(a) -> list[dict]:
         for _ in range(a.repeats):
             send = receive = None
             if mode != "none":   # fresh ends each repeat: the first frame is sent whole, as after a start
-                send, receive = ObsWire(mode, codec.layout(n)), ObsWire(mode, codec.layout(n))
+                send, receive = ObsWire(mode, codec, n), ObsWire(mode, codec, n)
             for t in range(T):
                 codec.pack(buf, (0, t, 0, 0), {"images": images[t], **rest})
                 if send is None:
