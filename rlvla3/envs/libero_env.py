@@ -145,6 +145,7 @@ class LiberoEnv:
     def reset(self, seed: int) -> Obs:
         task, state = episode_of(seed, self.tasks)
         self.env = self._env_of(task)
+        self.expert = None
         self.instruction = self.c.instruction or self.suite.get_task(task).language
         np.random.seed(seed % 2**32)   # LIBERO's placement samplers draw from numpy's global RNG
         self.env.seed(seed % 2**32)
@@ -157,6 +158,14 @@ class LiberoEnv:
         for _ in range(self.c.settle_steps):
             raw, _, _, _ = self.env.step(NO_OP)
         return self._obs(raw)
+
+    def expert_action(self) -> np.ndarray:
+        """The task's scripted expert (libero_experts.py) on the privileged state: pick-and-place goals."""
+        if self.expert is None:
+            from .libero_experts import LiberoPickPlace
+
+            self.expert = LiberoPickPlace(self.env.env)
+        return self.expert.act(self.raw).astype(np.float32)
 
     def _fast_render(self) -> None:
         """MSAA off on a context made with it (the one made at construction, before the XML hook):
@@ -182,6 +191,7 @@ class LiberoEnv:
         return self._obs(raw), float(success), success, success, 0.0
 
     def _obs(self, raw: dict) -> Obs:
+        self.raw = raw
         images = np.stack([raw[f"{cam}_image"][::-1, ::-1] for cam in self.c.cameras])
         proprio = np.concatenate([raw["robot0_eef_pos"], quat2axisangle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]])
         return Obs(np.ascontiguousarray(images), proprio.astype(np.float32), self.instruction)

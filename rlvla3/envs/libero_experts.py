@@ -1,0 +1,129 @@
+"""Scripted experts for LIBERO's pick-and-place tasks, read from the task's own BDDL goal.
+
+A goal `(In obj target_region)` or `(On obj target)` names what to pick and where it goes, so one
+phase machine (experts.PickPlace) serves every task of that shape: all ten of libero_object
+("pick up the X and place it in the basket"), all ten of libero_spatial ("pick up the black bowl
+... and place it on the plate") and the put-on/put-in tasks of libero_goal. The expert reads
+privileged state (object positions from the simulator), never the policy's input, and runs in
+the LIBERO env's process (robosuite 1.4 under `.venv-libero`), like the robosuite experts.
+
+Where to hold an object is its shape: a bowl is pinched at its rim (the fingers straddle the
+wall on the side nearest the robot's y axis, no turn of the hand), anything else is held from
+above around its centre of mass, a little below its top so the fingers close on its sides.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .experts import Phase, PickPlace
+
+PLACE_CLEARANCE = 0.06   # m the held object's bottom stays above the target's top while carried
+
+
+class LiberoPickPlace(PickPlace):
+    """Pick the goal's object and put it in (a site) or on (an object) the goal's target."""
+
+    lift = 0.12
+
+    def __init__(self, env):
+        """`env`: LIBERO's robosuite-level env (OffScreenRenderEnv.env), whose BDDL goal names the objects."""
+        goal = [g for g in env.parsed_problem["goal_state"]]
+        if len(goal) != 1 or goal[0][0].lower() not in ("in", "on") or len(goal[0]) != 3:
+            raise NotImplementedError(f"LIBERO goal {goal}: the scripted expert does pick-and-place goals "
+                                      "(one `In obj region` or `On obj target`)")
+        self.relation, self.obj_name, self.target = goal[0][0].lower(), goal[0][1], goal[0][2]
+        self.obj = f"{self.obj_name}_pos"
+        super().__init__(env)
+
+    # -- geometry read from the simulator -------------------------------------------------------
+
+    def _body_geoms(self, body: str) -> list[int]:
+        """Collision geoms of object `body` and its sub-bodies."""
+        sim = self.env.sim
+        root = self.env.obj_body_id[body]
+        bodies = {root} | {b for b in range(sim.model.nbody) if self._descends(b, root)}
+        return [g for g in range(sim.model.ngeom) if sim.model.geom_bodyid[g] in bodies
+                and sim.model.geom_contype[g] + sim.model.geom_conaffinity[g] > 0]
+
+    def _descends(self, b: int, root: int) -> bool:
+        parent = self.env.sim.model.body_parentid
+        while b not in (0, root):
+            b = parent[b]
+        return b == root
+
+    def _extent(self, body: str) -> tuple[np.ndarray, np.ndarray]:
+        """World-frame bounding box (low, high corners) of a body's collision geoms, from each
+        geom's own bounding box (MuJoCo's geom_aabb: centre and half sizes in the geom's frame)."""
+        sim = self.env.sim
+        lows, highs = [], []
+        for g in self._body_geoms(body):
+            rot = sim.data.geom_xmat[g].reshape(3, 3)
+            centre = sim.data.geom_xpos[g] + rot @ sim.model.geom_aabb[g][:3]
+            half = np.abs(rot) @ sim.model.geom_aabb[g][3:]
+            lows.append(centre - half)
+            highs.append(centre + half)
+        return np.min(lows, axis=0), np.max(highs, axis=0)
+
+    def is_bowl(self) -> bool:
+        return "bowl" in self.obj_name
+
+    # -- waypoints ------------------------------------------------------------------------------
+
+    def grasp_point(self, raw) -> np.ndarray:
+        low, high = self._extent(self.obj_name)
+        centre = (low + high) / 2
+        if self.is_bowl():   # the rim on the +y side (toward the robot's right), fingers across the wall
+            return np.array([centre[0], high[1] - 0.02, high[2] - 0.025])
+        return np.array([centre[0], centre[1], max(high[2] - 0.03, low[2] + 0.015)])
+
+    def place(self, raw) -> np.ndarray | None:
+        if raw is None:
+            return np.zeros(3)   # this expert always places (PickPlace asks with raw=None)
+        return self.place_point()
+
+    def place_point(self) -> np.ndarray:
+        """Where the grasp point goes: above the target's centre, with the object's offset from
+        its grasp point kept, so the object (not the fingers) ends up centred."""
+        sim = self.env.sim
+        if self.relation == "in":
+            centre = sim.data.get_site_xpos(self.target).copy()
+        else:
+            low, high = self._extent(self.target)
+            centre = np.array([(low[0] + high[0]) / 2, (low[1] + high[1]) / 2, high[2]])
+        return centre + self.offset
+
+    def phases(self) -> list[Phase]:
+        grasp = self.grasp_point
+        out = [Phase("hover", lambda raw: grasp(raw) + [0.0, 0.0, 0.08], -1.0, tolerance=0.015),
+               Phase("descend", grasp, -1.0, tolerance=0.008),
+               Phase("grasp", self.anchored(0.0), 1.0, tolerance=None, steps=12),
+               Phase("lift", self.remember(np.array([0.0, 0.0, self.lift])), 1.0, tolerance=0.02)]
+        over = lambda dz: (lambda raw: self.place_point() + [0.0, 0.0, dz])  # noqa: E731
+        return out + [Phase("carry", over(self.carry_height()), 1.0, tolerance=0.02, max_steps=60),
+                      Phase("lower", over(self.drop_height()), 1.0, tolerance=0.012),
+                      Phase("release", self.anchored(0.0), -1.0, tolerance=None, steps=10),
+                      Phase("retreat", self.anchored(np.array([0.0, 0.0, 0.10])), -1.0)]
+
+    def remember(self, offset):
+        """The anchored waypoint of the lift, noting (once) where the grasp point sits on the object."""
+        anchored = self.anchored(offset)
+
+        def fn(raw):
+            if getattr(self, "_noted", None) != self.index:
+                low, high = self._extent(self.obj_name)
+                self.offset = np.array([0.0, 0.0, 0.0])
+                self.offset[:2] = raw["robot0_eef_pos"][:2] - (low[:2] + high[:2]) / 2
+                self.below = raw["robot0_eef_pos"][2] - low[2]   # grasp point above the object's bottom
+                self._noted = self.index
+            return anchored(raw)
+        return fn
+
+    def carry_height(self) -> float:
+        return self.below + PLACE_CLEARANCE + (0.05 if self.relation == "on" else 0.08)
+
+    def drop_height(self) -> float:
+        return self.below + (0.01 if self.relation == "on" else 0.03)
+
+    def reset(self) -> None:
+        super().reset()
+        self.offset, self.below, self._noted = np.zeros(3), 0.05, None
