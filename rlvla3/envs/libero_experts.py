@@ -17,7 +17,17 @@ import numpy as np
 
 from .experts import Phase, PickPlace
 
+GRIP_ABOVE_TIPS = 0.006  # m from the fingertips up to the grip site (eef), measured on LIBERO's Panda
+# The hand's collision box about the grip site, fingers open (x: across the fingers, y: the
+# closing axis; the fingertip pads reach 5 mm below the site, the hand starts 2.4 cm above it).
+HAND_LOW, HAND_HIGH = np.array([-0.03, -0.104, 0.024]), np.array([0.038, 0.104, 0.126])
 PLACE_CLEARANCE = 0.06   # m the held object's bottom stays above the target's top while carried
+
+
+def has_expert(goal: list) -> bool:
+    """Whether a task's BDDL goal (robosuite_parse_problem's goal_state) is one this expert does:
+    a single `In obj region` or `On obj target`."""
+    return len(goal) == 1 and len(goal[0]) == 3 and goal[0][0].lower() in ("in", "on")
 
 
 class LiberoPickPlace(PickPlace):
@@ -27,8 +37,8 @@ class LiberoPickPlace(PickPlace):
 
     def __init__(self, env):
         """`env`: LIBERO's robosuite-level env (OffScreenRenderEnv.env), whose BDDL goal names the objects."""
-        goal = [g for g in env.parsed_problem["goal_state"]]
-        if len(goal) != 1 or goal[0][0].lower() not in ("in", "on") or len(goal[0]) != 3:
+        goal = env.parsed_problem["goal_state"]
+        if not has_expert(goal):
             raise NotImplementedError(f"LIBERO goal {goal}: the scripted expert does pick-and-place goals "
                                       "(one `In obj region` or `On obj target`)")
         self.relation, self.obj_name, self.target = goal[0][0].lower(), goal[0][1], goal[0][2]
@@ -74,7 +84,29 @@ class LiberoPickPlace(PickPlace):
         centre = (low + high) / 2
         if self.is_bowl():   # the rim on the +y side (toward the robot's right), fingers across the wall
             return np.array([centre[0], high[1] - 0.02, high[2] - 0.025])
-        return np.array([centre[0], centre[1], max(high[2] - 0.03, low[2] + 0.015)])
+        # The grip site is ~5 mm above the fingertips: a flat object (cream cheese, 1.8 cm) is held
+        # with the tips at the floor; taller ones 3 cm below their top.
+        z = max(high[2] - 0.03, low[2] + GRIP_ABOVE_TIPS)
+        if self.shift is None:   # chosen once, before the hand moves anything
+            self.shift = self.clear_shift(centre, low, high, z)
+        return np.array([centre[0] + self.shift, centre[1], z])
+
+    def clear_shift(self, centre, low, high, z: float) -> float:
+        """How far along x (the axis the fingers do not close on) to hold the object so the hand,
+        20 cm wide along the closing axis, comes down clear of its neighbours: the shift (within
+        the object's length, tips 1.2 cm from its ends) whose hand box overlaps them least, the
+        smallest such. A tall box of ketchup beside flat cream cheese blocks a centred hand."""
+        reach = max(0.0, (high[0] - low[0]) / 2 - 0.012)
+        others = [self._extent(name) for name in self.env.objects_dict if name != self.obj_name]
+
+        def overlap(shift: float) -> float:
+            hand_low = np.array([centre[0] + shift, centre[1], z]) + HAND_LOW
+            hand_high = np.array([centre[0] + shift, centre[1], z]) + HAND_HIGH
+            return sum(np.prod(np.clip(np.minimum(hi, hand_high) - np.maximum(lo, hand_low), 0.0, None))
+                       for lo, hi in others)
+
+        shifts = sorted(np.linspace(-reach, reach, 2 * int(reach / 0.005) + 1), key=abs)
+        return float(min(shifts, key=overlap)) if reach > 0 else 0.0
 
     def place(self, raw) -> np.ndarray | None:
         if raw is None:
@@ -95,7 +127,7 @@ class LiberoPickPlace(PickPlace):
     def phases(self) -> list[Phase]:
         grasp = self.grasp_point
         out = [Phase("hover", lambda raw: grasp(raw) + [0.0, 0.0, 0.08], -1.0, tolerance=0.015),
-               Phase("descend", grasp, -1.0, tolerance=0.008),
+               Phase("descend", grasp, -1.0, tolerance=0.005),
                Phase("grasp", self.anchored(0.0), 1.0, tolerance=None, steps=12),
                Phase("lift", self.remember(np.array([0.0, 0.0, self.lift])), 1.0, tolerance=0.02)]
         over = lambda dz: (lambda raw: self.place_point() + [0.0, 0.0, dz])  # noqa: E731
@@ -126,4 +158,4 @@ class LiberoPickPlace(PickPlace):
 
     def reset(self) -> None:
         super().reset()
-        self.offset, self.below, self._noted = np.zeros(3), 0.05, None
+        self.offset, self.below, self._noted, self.shift = np.zeros(3), 0.05, None, None

@@ -136,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import mpi_env, mpiexec_command
-    from ..envs import expert_tasks
     from ..world import derive
 
     if a.episodes < 1:
@@ -145,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     # One expert step per row, recorded as a stream with auto-resets whatever algorithm later
     # trains on the demonstrations (grpo's whole-episode segments and shared resets are for rollouts).
     cfg = config.replace(cfg, policy={"chunk": 1}, algo={"name": "ppo"})
-    tasks = expert_tasks(cfg)
-    if tasks is not None and cfg.env.task not in tasks:
-        raise SystemExit(f"env.name={cfg.env.name} env.task={cfg.env.task}: no scripted expert; experts exist for "
-                         f"{tasks or 'no task of this env'} (rlvla3/envs/experts.py)")
+    refuse_tasks_without_expert(cfg)
     run_dir = Path(a.out or f"runs/demos/{datetime.now():%Y-%m-%d-%H-%M-%S}")
     world = derive(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +161,28 @@ def main(argv: list[str] | None = None) -> int:
 
         print(export_lerobot(run_dir, cfg))
     return rc
+
+
+def refuse_tasks_without_expert(cfg) -> None:
+    """Stop before any rank starts when a task of cfg.env has no scripted expert to demonstrate it."""
+    from ..envs import expert_tasks
+
+    if cfg.env.name == "libero":   # the expert follows each task's BDDL goal: read them in LIBERO's interpreter
+        from ..envs.libero_experts import has_expert
+        from .libero_protocol import sim_facts
+
+        goals = sim_facts(cfg)["goals"]
+        bad = [i for i in cfg.env.task_ids if not 0 <= i < len(goals) or not has_expert(goals[i])]
+        if bad:
+            able = [i for i, g in enumerate(goals) if has_expert(g)]
+            raise SystemExit(f"env.suite={cfg.env.suite} env.task_ids={list(cfg.env.task_ids)}: tasks {bad} have no "
+                             f"scripted expert (it does one `In`/`On` pick-and-place goal; this suite's tasks {able} "
+                             "have one): rlvla3/envs/libero_experts.py")
+        return
+    tasks = expert_tasks(cfg)
+    if tasks is not None and cfg.env.task not in tasks:
+        raise SystemExit(f"env.name={cfg.env.name} env.task={cfg.env.task}: no scripted expert; experts exist for "
+                         f"{tasks or 'no task of this env'} (rlvla3/envs/experts.py)")
 
 
 def summarize(run_dir: Path) -> str:
