@@ -1,15 +1,17 @@
 """Scripted experts for LIBERO's pick-and-place tasks, read from the task's own BDDL goal.
 
 A goal `(In obj target_region)` or `(On obj target)` names what to pick and where it goes, so one
-phase machine (experts.PickPlace) serves every task of that shape: all ten of libero_object
-("pick up the X and place it in the basket"), all ten of libero_spatial ("pick up the black bowl
-... and place it on the plate") and the put-on/put-in tasks of libero_goal. The expert reads
+phase machine (experts.PickPlace's phases) takes every task of that shape: all ten of
+libero_object ("pick up the X and place it in the basket"), all ten of libero_spatial ("pick up
+the black bowl ... and place it on the plate") and eight of libero_goal. Whether it succeeds is
+per task (the bowl inside libero_spatial 4's drawer is out of its reach). The expert reads
 privileged state (object positions from the simulator), never the policy's input, and runs in
 the LIBERO env's process (robosuite 1.4 under `.venv-libero`), like the robosuite experts.
 
-Where to hold an object is its shape: a bowl is pinched at its rim (the fingers straddle the
-wall on the side nearest the robot's y axis, no turn of the hand), anything else is held from
-above around its centre of mass, a little below its top so the fingers close on its sides.
+Where to hold an object is its shape, read from its collision geoms: a bowl is pinched at its
+rim on the +y side (the fingers close along y and straddle the wall; the hand never turns),
+anything else from above, 3 cm below its top (flat ones at the fingertips), slid along x until
+the 20 cm wide hand comes down clear of tall neighbours.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def has_expert(goal: list) -> bool:
 
 
 class LiberoPickPlace(PickPlace):
-    """Pick the goal's object and put it in (a site) or on (an object) the goal's target."""
+    """Pick the goal's object and put it in or on the goal's target (an object or a region's site).
+    Success rates per task are measured by `python -m rlvla3.collect` (README, LIBERO)."""
 
     lift = 0.12
 
@@ -108,16 +111,12 @@ class LiberoPickPlace(PickPlace):
         shifts = sorted(np.linspace(-reach, reach, 2 * int(reach / 0.005) + 1), key=abs)
         return float(min(shifts, key=overlap)) if reach > 0 else 0.0
 
-    def place(self, raw) -> np.ndarray | None:
-        if raw is None:
-            return np.zeros(3)   # this expert always places (PickPlace asks with raw=None)
-        return self.place_point()
-
     def place_point(self) -> np.ndarray:
-        """Where the grasp point goes: above the target's centre, with the object's offset from
-        its grasp point kept, so the object (not the fingers) ends up centred."""
+        """Where the grasp point goes, before the carry and drop heights: the target's centre (a
+        region's site; an object's top face) plus the hand's offset from the held object's centre,
+        so the object, not the fingers, ends up centred."""
         sim = self.env.sim
-        if self.relation == "in":
+        if self.target in self.env.object_sites_dict:   # a region: the basket's inside, a stove's cook region
             centre = sim.data.get_site_xpos(self.target).copy()
         else:
             low, high = self._extent(self.target)
@@ -129,19 +128,20 @@ class LiberoPickPlace(PickPlace):
         out = [Phase("hover", lambda raw: grasp(raw) + [0.0, 0.0, 0.08], -1.0, tolerance=0.015),
                Phase("descend", grasp, -1.0, tolerance=0.005),
                Phase("grasp", self.anchored(0.0), 1.0, tolerance=None, steps=12),
-               Phase("lift", self.remember(np.array([0.0, 0.0, self.lift])), 1.0, tolerance=0.02)]
+               Phase("lift", self.noting_the_hold(np.array([0.0, 0.0, self.lift])), 1.0, tolerance=0.02)]
         over = lambda dz: (lambda raw: self.place_point() + [0.0, 0.0, dz])  # noqa: E731
         return out + [Phase("carry", over(self.carry_height()), 1.0, tolerance=0.02, max_steps=60),
                       Phase("lower", over(self.drop_height()), 1.0, tolerance=0.012),
                       Phase("release", self.anchored(0.0), -1.0, tolerance=None, steps=10),
                       Phase("retreat", self.anchored(np.array([0.0, 0.0, 0.10])), -1.0)]
 
-    def remember(self, offset):
-        """The anchored waypoint of the lift, noting (once) where the grasp point sits on the object."""
+    def noting_the_hold(self, offset):
+        """The lift's anchored waypoint; at its first step it notes where the hand holds the object
+        (offset from its centre, height above its bottom), which the carry and drop heights use."""
         anchored = self.anchored(offset)
 
         def fn(raw):
-            if getattr(self, "_noted", None) != self.index:
+            if self._noted != self.index:
                 low, high = self._extent(self.obj_name)
                 self.offset = np.array([0.0, 0.0, 0.0])
                 self.offset[:2] = raw["robot0_eef_pos"][:2] - (low[:2] + high[:2]) / 2
@@ -151,9 +151,12 @@ class LiberoPickPlace(PickPlace):
         return fn
 
     def carry_height(self) -> float:
+        """Grasp point above the place point while carrying: the object's bottom clear of the target."""
         return self.below + PLACE_CLEARANCE + (0.05 if self.relation == "on" else 0.08)
 
     def drop_height(self) -> float:
+        """Grasp point above the place point where the hand lets go: the object resting on the target's
+        top (On), or a little inside the region (In)."""
         return self.below + (0.01 if self.relation == "on" else 0.03)
 
     def reset(self) -> None:

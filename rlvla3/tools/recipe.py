@@ -3,7 +3,8 @@ command, sync and async side by side.
 
     1. expert demonstrations          python -m rlvla3.collect
     2. SFT warm start                 python -m rlvla3.sft
-    3. evaluate the SFT checkpoint    python -m rlvla3.evaluate (held-out seeds, Wilson interval)
+    3. evaluate the SFT checkpoint    python -m rlvla3.evaluate (held-out seeds, Wilson interval;
+                                      LIBERO: its protocol on the fixed states, held out from training)
     4. RL from it, mode=sync and mode=async, the same settings otherwise
     5. evaluate both final checkpoints the same way
 
@@ -40,12 +41,28 @@ def step(args: list[str], log: Path) -> None:
         raise SystemExit(f"{' '.join(args[:1])} failed (exit {rc}); see {log}")
 
 
-def evaluate(ckpt: Path, out: Path, a, overrides: list[str]) -> dict:
-    if not (a.resume and (out / "eval.json").is_file()):
+def evaluate(ckpt: Path, out: Path, a, overrides: list[str], cfg) -> dict:
+    """Success rate, Wilson interval and episodes of `ckpt` on held-out initial states: fresh
+    seeds, or on LIBERO its protocol (the suite's fixed states, which training never sees)."""
+    args, result = eval_args(a, cfg)
+    if not (a.resume and (out / result).is_file()):
         shutil.rmtree(out, ignore_errors=True)   # a partial evaluation starts over
-        step(["rlvla3.evaluate", "--checkpoint", str(ckpt), "--episodes", str(a.eval_episodes), "--out", str(out),
-              *overrides, "runtime.tensorboard=false"], out.with_suffix(".log"))
-    return json.loads((out / "eval.json").read_text())
+        step(["rlvla3.evaluate", "--checkpoint", str(ckpt), *args, "--out", str(out), *overrides,
+              "runtime.tensorboard=false"], out.with_suffix(".log"))
+    got = json.loads((out / result).read_text())
+    return got["suite"] if result == "protocol.json" else got
+
+
+def eval_args(a, cfg) -> tuple[list[str], str]:
+    """The evaluate arguments for --eval-episodes, and the file its result is in. LIBERO: the
+    protocol on --eval-episodes / tasks fixed states of each of the run's tasks (at most 50)."""
+    if cfg.env.name != "libero":
+        return ["--episodes", str(a.eval_episodes)], "eval.json"
+    from ..envs.libero_env import FIXED_STATES
+
+    tasks = list(cfg.env.task_ids)
+    states = min(FIXED_STATES, max(1, a.eval_episodes // len(tasks)))
+    return ["--protocol", "libero", "--states", str(states), f"env.task_ids=[{','.join(map(str, tasks))}]"], "protocol.json"
 
 
 def finished_run(run: Path, versions: int) -> bool:
@@ -105,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-episodes", type=int, default=16, help="expert episodes to collect (at least)")
     ap.add_argument("--sft-steps", type=int, default=40, help="SFT optimizer steps (few: a modest warm start)")
     ap.add_argument("--versions", type=int, default=20, help="RL versions per mode")
-    ap.add_argument("--eval-episodes", type=int, default=208, help="evaluation episodes per checkpoint")
+    ap.add_argument("--eval-episodes", type=int, default=208,
+                    help="evaluation episodes per checkpoint (LIBERO: the protocol's fixed states, at most 50 a task)")
     ap.add_argument("--modes", default="sync,async", help="RL modes to run")
     ap.add_argument("--resume", action="store_true",
                     help="keep the stages --out already holds (demos, sft.pt, evaluations, finished RL runs)")
@@ -114,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out or f"runs/recipe/{time.strftime('%Y-%m-%d-%H-%M-%S')}")
     out.mkdir(parents=True, exist_ok=True)
     ov = list(a.overrides)
+    from ..cluster.compose import compose
+
+    cfg = compose(ov)   # bad overrides stop here, before any stage runs
     t0 = time.time()
     print(f"recipe in {out}:", flush=True)
     if not (a.resume and any((out / "demos" / "shards").glob("s*"))):
@@ -121,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (a.resume and (out / "sft.pt").is_file()):
         step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps), "--out", str(out / "sft.pt"), *ov],
              out / "sft.log")
-    result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov), "rl": {}}
+    result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov, cfg), "rl": {}}
     for mode in a.modes.split(","):
         run = out / f"rl-{mode}"
         if a.resume and finished_run(run, a.versions):
@@ -136,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((run / "summary.json").read_text())
         result["rl"][mode] = {"history": summary["history"], "wall_s": summary["history"][-1]["t"],
                               "env_steps": sum(h["env_steps"] for h in summary["history"]),
-                              "eval": evaluate(ckpt, out / f"eval-{mode}", a, ov)}
+                              "eval": evaluate(ckpt, out / f"eval-{mode}", a, ov, cfg)}
     result["wall_s"] = time.time() - t0
     (out / "recipe.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "recipe.png")
