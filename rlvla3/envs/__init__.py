@@ -74,7 +74,9 @@ def make_env(cfg, env_id: int):
 
 
 def expert_tasks(cfg) -> list[str] | None:
-    """Tasks of `cfg.env` with a scripted expert (demonstrations), or None if all have one."""
+    """Tasks (`env.task`) of `cfg.env` with a scripted expert (demonstrations), or None if all have
+    one. LIBERO's tasks are `env.task_ids`, whose expert follows each task's BDDL goal: which ones
+    have it is read in LIBERO's interpreter (tools/collect.refuse_tasks_without_expert)."""
     if cfg.env.name in ("toy", "metaworld"):   # Meta-World ships a scripted policy for every task
         return None
     if cfg.env.name == "robosuite":

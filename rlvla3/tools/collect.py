@@ -59,11 +59,15 @@ def rank_main(run_dir: Path, episodes: int) -> None:
         env.start_reset()
         groups.append({"g": g, "env": env, "seq": 0, "t": 0, "done": 0, "cur": None, "stepping": False,
                        "seg": SegmentBuffer.allocate(T, g.size, sp), "left": quota(episodes, g, cfg.env.num_envs)})
-    deadline = time.monotonic() + cfg.runtime.liveness_timeout * 10
+    # A collection may run for hours (--timeout bounds it); what must not happen is an env that
+    # stops answering: no result from any group for this long fails the rank, naming them.
+    stall = cfg.runtime.liveness_timeout * 10
+    heard = time.monotonic()
     while any(x["left"] > 0 or x["t"] > 0 for x in groups):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"collect rank {rank}: no finish within {cfg.runtime.liveness_timeout * 10:.0f}s "
-                               f"(runtime.liveness_timeout x 10); groups left: {[(x['g'].gid, x['left']) for x in groups]}")
+        if time.monotonic() - heard > stall:
+            raise TimeoutError(f"collect rank {rank}: no env result for {stall:.0f}s (runtime.liveness_timeout x 10); "
+                               f"env groups still collecting (group, episodes left): "
+                               f"{[(x['g'].gid, x['left']) for x in groups if x['left'] > 0 or x['t'] > 0]}")
         busy = False
         for x in groups:
             if x["left"] <= 0 and x["t"] == 0:
@@ -72,6 +76,7 @@ def rank_main(run_dir: Path, episodes: int) -> None:
                 busy = True
                 continue
             res = x["env"].result()
+            heard = time.monotonic()
             if x["stepping"]:
                 _record(x, res, sp, cfg)
                 if x["t"] == T:

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", type=int, default=20, help="RL versions per mode")
     ap.add_argument("--eval-episodes", type=int, default=208,
                     help="evaluation episodes per checkpoint (LIBERO: the protocol's fixed states, at most 50 a task)")
-    ap.add_argument("--modes", default="sync,async", help="RL modes to run")
+    ap.add_argument("--modes", default="sync,async", help="RL modes to run ('': demos, SFT and its evaluation only)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the stages --out already holds (demos, sft.pt, evaluations, finished RL runs)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every stage (env, policy, ...)")
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps), "--out", str(out / "sft.pt"), *ov],
              out / "sft.log")
     result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov, cfg), "rl": {}}
-    for mode in a.modes.split(","):
+    for mode in [m for m in a.modes.split(",") if m]:
         run = out / f"rl-{mode}"
         if a.resume and finished_run(run, a.versions):
             print(f"  {mode}: kept {run}", flush=True)
