@@ -149,6 +149,16 @@ def test_the_protocol_refuses_a_checkpoint_trained_on_its_test_states(tmp_path):
     assert "init_states.json" in out.stderr and not (tmp_path / "eval").exists()
     prepare_run_dir(compose(["env=libero"]), tmp_path / "held-out")
     assert not json.loads((tmp_path / "held-out" / "init_states.json").read_text())["uses_test_states"]
+    # An SFT checkpoint carries its demonstrations' record beside it (sft.keep_state_record).
+    from rlvla3.tools.libero_protocol import refuse_trained_on_test_states
+    from rlvla3.tools.sft import keep_state_record
+
+    sft = tiny_checkpoint(tmp_path / "recipe" / "sft.pt", ["env=libero", *TINY])
+    keep_state_record(train, sft)
+    assert (tmp_path / "recipe" / "sft.init_states.json").is_file()
+    with pytest.raises(SystemExit, match="sft.init_states.json"):
+        refuse_trained_on_test_states(sft, "libero_spatial", allow=False)
+    assert refuse_trained_on_test_states(sft, "libero_object", allow=False) == "", "another suite's states"
 
 
 def test_sequential_seeds_visit_every_task_and_fixed_state_once():
@@ -216,6 +226,8 @@ def test_the_expert_demonstrates_libero_object_through_collect(tmp_path):
     grip = a["actions"][..., 6]
     assert (grip > 0).any() and (grip < 0).any(), "the gripper opens and closes"
     assert (tmp_path / "demos" / "lerobot" / "meta" / "info.json").is_file()
+    split = json.loads((tmp_path / "demos" / "init_states.json").read_text())
+    assert split["uses"]["kind"] == "sampled" and not split["uses_test_states"]
 
 
 def test_the_expert_puts_a_libero_spatial_bowl_on_the_plate_from_a_fixed_state():

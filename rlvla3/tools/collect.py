@@ -18,6 +18,7 @@ expert step each (chunk 1; a chunked policy's SFT takes consecutive rows), `logp
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import mpi_env, mpiexec_command
-    from ..world import derive
+    from ..world import derive, run_records
 
     if a.episodes < 1:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = config.replace(cfg, run_dir=str(run_dir))
     config.save(cfg, run_dir)
+    for name, record in run_records(cfg).items():   # LIBERO: which initial states the demonstrations used
+        (run_dir / name).write_text(json.dumps(record, indent=1))
     cmd = mpiexec_command(cfg, len(world.sim_ranks), run_dir)
     cmd = [*cmd[:cmd.index("rlvla3.engine.run")], "rlvla3.tools.collect", "--rank-main", str(run_dir), "--episodes", str(a.episodes)]
     print("$ " + " ".join(cmd), flush=True)

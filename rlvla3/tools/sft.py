@@ -121,6 +121,15 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     return policy, history
 
 
+def keep_state_record(demos: Path, out: Path) -> None:
+    """The demonstrations' initial-state record (LIBERO's init_states.json, written by collect)
+    beside the checkpoint as <out stem>.init_states.json: the protocol then knows whether the
+    policy saw its test states (tools/libero_protocol.refuse_trained_on_test_states)."""
+    record = demos / "init_states.json"
+    if record.is_file():
+        (out.parent / f"{out.stem}.init_states.json").write_text(record.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.sft", description=__doc__.split("\n\n")[0])
     ap.add_argument("--demos", required=True,
@@ -148,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": policy.state_dict(), "sft": {"demos": str(a.demos), "rows": len(rows["actions"]),
                                                       "steps": a.steps, "loss": hist}}, out)
+    keep_state_record(Path(a.demos), out)
     k = max(1, len(hist) // 10)
     print(f"SFT {cfg.policy.name}: {len(rows['actions'])} demonstration rows, {a.steps} steps in {time.time() - t0:.0f}s; "
           f"loss {np.mean(hist[:k]):.3f} -> {np.mean(hist[-k:]):.3f}; wrote {out}")
