@@ -222,7 +222,7 @@ def test_the_expert_demonstrates_libero_object_through_collect(tmp_path):
     a, attrs = got[0]
     assert a["proprio"].shape[-1] == 8 and a["actions"].shape[-1] == 7 and a["images"].shape[2:] == (1, 64, 64, 3)
     assert a["images"].std() > 0 and attrs["source"] == "expert"
-    assert attrs["instructions"][0] == "pick up the cream cheese and place it in the basket"
+    assert attrs["instructions"][0] == [[0, "pick up the cream cheese and place it in the basket"]]   # env 0's texts
     grip = a["actions"][..., 6]
     assert (grip > 0).any() and (grip < 0).any(), "the gripper opens and closes"
     assert (tmp_path / "demos" / "lerobot" / "meta" / "info.json").is_file()

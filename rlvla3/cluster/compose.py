@@ -69,7 +69,7 @@ def prepare_run_dir(cfg, run_dir: Path):
     from ..config import ConfigError
     from ..engine import shards
     from ..engine.lock import RunFolderBusy, check_free
-    from ..world import check_env_python, derive, run_records
+    from ..world import check_env_python, derive
 
     world = derive(cfg)
     check_env_python(cfg)
@@ -83,6 +83,14 @@ def prepare_run_dir(cfg, run_dir: Path):
     if cfg.resume:
         shards.clean_partial(run_dir / "shards")  # temporaries of writers that died
     config.save(cfg, run_dir)
+    write_run_records(cfg, run_dir)
+    return cfg, world
+
+
+def write_run_records(cfg, run_dir: Path) -> None:
+    """The files a run folder keeps about its env beside the config (world.run_records: LIBERO's
+    init_states.json), for runs and demonstration collections alike."""
+    from ..world import run_records
+
     for name, record in run_records(cfg).items():
         (run_dir / name).write_text(json.dumps(record, indent=1))
-    return cfg, world

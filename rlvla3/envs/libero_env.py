@@ -131,6 +131,8 @@ class LiberoEnv:
         self.envs: dict[int, object] = {}   # task id -> its LIBERO env, built at its first episode
         self.env = None
         self.instruction = ""
+        self.raw: dict = {}   # the simulator's last observation (privileged: the expert's input only)
+        self.expert = None    # the episode's scripted expert, made at its first expert_action()
 
     def _env_of(self, task: int):
         if task not in self.envs:

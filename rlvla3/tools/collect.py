@@ -18,7 +18,6 @@ expert step each (chunk 1; a chunked policy's SFT takes consecutive rows), `logp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -140,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     import subprocess
 
     from .. import config
-    from ..cluster.compose import compose
+    from ..cluster.compose import compose, write_run_records
     from ..cluster.local import mpi_env, mpiexec_command
-    from ..world import derive, run_records
+    from ..world import derive
 
     if a.episodes < 1:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
@@ -156,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = config.replace(cfg, run_dir=str(run_dir))
     config.save(cfg, run_dir)
-    for name, record in run_records(cfg).items():   # LIBERO: which initial states the demonstrations used
-        (run_dir / name).write_text(json.dumps(record, indent=1))
+    write_run_records(cfg, run_dir)   # LIBERO: which initial states the demonstrations used
     cmd = mpiexec_command(cfg, len(world.sim_ranks), run_dir)
     cmd = [*cmd[:cmd.index("rlvla3.engine.run")], "rlvla3.tools.collect", "--rank-main", str(run_dir), "--episodes", str(a.episodes)]
     print("$ " + " ".join(cmd), flush=True)
