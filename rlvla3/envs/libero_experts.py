@@ -46,17 +46,21 @@ class LiberoPickPlace(PickPlace):
                                       "(one `In obj region` or `On obj target`)")
         self.relation, self.obj_name, self.target = goal[0][0].lower(), goal[0][1], goal[0][2]
         self.obj = f"{self.obj_name}_pos"
+        self._geoms: dict[str, list[int]] = {}
         super().__init__(env)
 
     # -- geometry read from the simulator -------------------------------------------------------
 
     def _body_geoms(self, body: str) -> list[int]:
-        """Collision geoms of object `body` and its sub-bodies."""
-        sim = self.env.sim
-        root = self.env.obj_body_id[body]
-        bodies = {root} | {b for b in range(sim.model.nbody) if self._descends(b, root)}
-        return [g for g in range(sim.model.ngeom) if sim.model.geom_bodyid[g] in bodies
-                and sim.model.geom_contype[g] + sim.model.geom_conaffinity[g] > 0]
+        """Collision geoms of object `body` and its sub-bodies. The model is fixed for the episode
+        (an expert lives one episode), so each body's list is found once, not at every step."""
+        if body not in self._geoms:
+            sim = self.env.sim
+            root = self.env.obj_body_id[body]
+            bodies = {root} | {b for b in range(sim.model.nbody) if self._descends(b, root)}
+            self._geoms[body] = [g for g in range(sim.model.ngeom) if sim.model.geom_bodyid[g] in bodies
+                                 and sim.model.geom_contype[g] + sim.model.geom_conaffinity[g] > 0]
+        return self._geoms[body]
 
     def _descends(self, b: int, root: int) -> bool:
         parent = self.env.sim.model.body_parentid

@@ -125,7 +125,8 @@ def keep_state_record(demos: Path, out: Path) -> None:
     """The demonstrations' initial-state record (LIBERO's init_states.json, written by collect)
     beside the checkpoint as <out stem>.init_states.json: the protocol then knows whether the
     policy saw its test states (tools/libero_protocol.refuse_trained_on_test_states)."""
-    record = demos / "init_states.json"
+    folder = demos.parent if demos.name == "shards" else demos   # --demos takes the run folder or its shards/
+    record = folder / "init_states.json"
     if record.is_file():
         (out.parent / f"{out.stem}.init_states.json").write_text(record.read_text())
 
