@@ -294,3 +294,36 @@ def reset_wait(vec, timeout=120.0):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return vec.result()
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("env, drawer", [("robosuite_lift", lambda adapter: adapter.env.sim),
+                                         ("metaworld_pickplace", lambda adapter: adapter.env)])
+def test_a_chunk_draws_only_its_last_frame_and_it_is_the_frame_every_step_would(env, drawer):
+    """The policy sees a chunk's last observation only, so the envs draw no other (rendering is most
+    of a rendered step here): a seeded episode stepped as chunks of 4 ends each chunk on the same
+    frame and proprio as stepped one observed action at a time, with one draw a chunk instead of 4
+    (LIBERO: tests/test_libero.py)."""
+    cfg = compose([f"env={env}", "env.num_envs=1", "env.in_process=true"])
+    vec = make_vec_env(cfg, [0], 0, auto_reset=False, encode=words(cfg))
+    dim = spec(cfg).action_dim
+    actions = np.random.default_rng(0).uniform(-1, 1, (3, 4, dim)).astype(np.float32)
+    target, draws = drawer(vec.eps[0].env), {}
+    render = target.render
+    try:
+        ends = {}
+        for chunked in (False, True):
+            start = reset(vec, seed=7)
+            draws[chunked] = []
+            target.render = lambda *a, _count=draws[chunked], **k: (_count.append(1), render(*a, **k))[1]
+            ends[chunked] = [drive(vec, chunk[None]) if chunked else [drive(vec, a[None, None]) for a in chunk][-1]
+                             for chunk in actions]
+            target.render = render
+        assert (len(draws[False]), len(draws[True])) == (12, 3), draws
+        for eager, lazy in zip(ends[False], ends[True]):
+            assert int(lazy.env_steps[0]) == 4
+            np.testing.assert_array_equal(eager.images, lazy.images)
+            np.testing.assert_array_equal(eager.proprio, lazy.proprio)
+        assert np.abs(lazy.images.astype(int) - start.images.astype(int)).mean() > 0.1   # the arm moved in view
+    finally:
+        vec.close()

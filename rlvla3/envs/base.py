@@ -2,8 +2,12 @@
 
 A single env (toy.py, emulated.py, robosuite_env.py, metaworld_env.py, robocasa_env.py):
     reset(seed) -> Obs
-    step(action float32[A] in [-1, 1]) -> (Obs, reward, terminated, success, delay_s)
+    step(action float32[A] in [-1, 1], observe=True) -> (Obs, reward, terminated, success, delay_s)
 where delay_s is extra latency the env asks its host to emulate (0 for real simulators).
+observe=False says nobody will look at this step's images (an action inside a chunk: the policy
+sees only the chunk's last observation), so a rendering env may skip drawing them and return the
+last ones it drew; proprio, reward and success are always current. Rendering is most of a
+rendered step on a CPU (a LIBERO step: ~11 ms of physics, ~36 ms per 64x64 camera).
 hosting.py runs envs (horizon, chunks, resets, child processes); envs/__init__.py picks one.
 """
 from __future__ import annotations
@@ -42,3 +46,42 @@ def child_env_vars() -> None:
     os.environ.setdefault("MUJOCO_GL", "egl")
     if os.environ["MUJOCO_GL"] == "osmesa":
         os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa")
+
+
+class LazyCameras:
+    """robosuite's camera observables (1.4 under LIBERO, 1.5) drawn only when `wanted`.
+
+    robosuite samples every observable inside env.step (after the step's first physics substep),
+    cameras included; swapping each camera's sensor for one that renders only when wanted keeps
+    the observed frames exactly robosuite's own (same sampling point), and an unwanted step
+    returns the camera's last frame instead of drawing a new one."""
+
+    def __init__(self, env, cameras):
+        self.env = env
+        self.names = [f"{cam}_image" for cam in cameras]
+        self.wanted = True
+        self.frames: dict[str, np.ndarray] = {}
+
+    def install(self) -> None:
+        """Wrap the cameras' sensors; again after a hard reset, which puts robosuite's own back."""
+        for name in self.names:
+            observable = self.env._observables[name]
+            if getattr(observable._sensor, "lazy_of", None) is not None:
+                continue
+            observable._sensor = self._lazy(name, observable._sensor)   # set_sensor would render to check it
+
+    def _lazy(self, name: str, render):
+        def sensor(obs_cache):
+            if self.wanted or name not in self.frames:
+                self.frames[name] = render(obs_cache)
+            return self.frames[name]
+
+        sensor.__modality__ = render.__modality__
+        sensor.lazy_of = render
+        return sensor
+
+    def redraw(self) -> dict:
+        """robosuite's observations of the current state, cameras drawn now (an episode that ended
+        on an unobserved step: its last frame is drawn after the whole step, not its first substep)."""
+        self.wanted = True
+        return self.env._get_observations(force_update=True)

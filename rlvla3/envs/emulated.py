@@ -26,7 +26,7 @@ class EmulatedEnv:
         self.t = 0
         return self._obs()
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray, observe: bool = True):
         delay = self.c.step_ms / 1000.0 * float(np.exp(self.c.step_sigma * self.rng.standard_normal()))
         self.t += 1
         success = self.t >= self.c.horizon and bool(self.rng.random() < self.c.success_rate)

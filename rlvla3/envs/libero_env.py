@@ -35,7 +35,7 @@ import tempfile
 
 import numpy as np
 
-from .base import Obs
+from .base import LazyCameras, Obs
 
 SUITES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
@@ -133,6 +133,7 @@ class LiberoEnv:
         self.instruction = ""
         self.raw: dict = {}   # the simulator's last observation (privileged: the expert's input only)
         self.expert = None    # the episode's scripted expert, made at its first expert_action()
+        self.cameras: LazyCameras | None = None   # the current task's env's cameras (base.LazyCameras)
 
     def _env_of(self, task: int):
         if task not in self.envs:
@@ -150,18 +151,24 @@ class LiberoEnv:
     def reset(self, seed: int) -> Obs:
         task, state = episode_of(seed, self.tasks)
         self.env = self._env_of(task)
+        self.cameras = LazyCameras(self.env.env, self.c.cameras)
+        self.cameras.wanted = False   # the reset's own frames and the settle steps' are never looked at
         self.expert = None
         self.instruction = self.c.instruction or self.suite.get_task(task).language
         np.random.seed(seed % 2**32)   # LIBERO's placement samplers draw from numpy's global RNG
         self.env.seed(seed % 2**32)
         raw = self.env.reset()
+        self.cameras.install()
         if self.c.init_states == "fixed":
             states = self.suite.get_task_init_states(task)
             raw = self.env.set_init_state(states[state])
         if self.c.fast_render:
             self._fast_render()
-        for _ in range(self.c.settle_steps):
+        for k in range(self.c.settle_steps):
+            self.cameras.wanted = k == self.c.settle_steps - 1
             raw, _, _, _ = self.env.step(NO_OP)
+        if not self.c.settle_steps:
+            raw = self.cameras.redraw()
         return self._obs(raw)
 
     def expert_action(self) -> np.ndarray:
@@ -190,9 +197,12 @@ class LiberoEnv:
         ctx = MjRenderContextOffscreen(sim, device_id=inner.render_gpu_device_id)
         ctx.gl_ctx.make_current()
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray, observe: bool = True):
+        self.cameras.wanted = observe
         raw, _, done, _ = self.env.step(np.asarray(action, np.float64))
         success = bool(done)   # LIBERO sets done to its BDDL goal check
+        if success and not observe:
+            raw = self.cameras.redraw()
         return self._obs(raw), float(success), success, success, 0.0
 
     def _obs(self, raw: dict) -> Obs:

@@ -78,7 +78,7 @@ class ManiSkillEnv:
         obs, _ = self.env.reset(seed=int(seed))
         return self._obs(obs)
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray, observe: bool = True):   # SAPIEN draws inside its batched step
         obs, _, _, _, info = self.env.step(np.asarray(action, np.float32)[None])
         success = bool(info["success"][0])
         return self._obs(obs), float(success), success, success, 0.0

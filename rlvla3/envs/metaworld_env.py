@@ -53,6 +53,7 @@ class MetaWorldEnv:
         self.expert = ENV_POLICY_MAP[cfg_env.task]()
         self.instruction = cfg_env.instruction or instruction(cfg_env.task)
         self.state = None
+        self.frames: np.ndarray | None = None   # the last frames drawn (steps nobody looks at reuse them)
         self._flags_set = False
 
     def _render(self) -> np.ndarray:
@@ -86,16 +87,18 @@ class MetaWorldEnv:
         self.expert = type(self.expert)()
         return self._obs()
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray, observe: bool = True):
         self.state, _, _, _, info = self.env.step(np.asarray(action, np.float32))
         success = bool(info["success"])
-        return self._obs(), float(success), success, success, 0.0
+        return self._obs(observe or success), float(success), success, success, 0.0
 
     def expert_action(self) -> np.ndarray:
         return np.clip(self.expert.get_action(self.state), -1, 1).astype(np.float32)
 
-    def _obs(self) -> Obs:
-        return Obs(self._render(), self.state[:PROPRIO_DIM].astype(np.float32), self.instruction)
+    def _obs(self, draw: bool = True) -> Obs:
+        if draw or self.frames is None:
+            self.frames = self._render()
+        return Obs(self.frames, self.state[:PROPRIO_DIM].astype(np.float32), self.instruction)
 
     def close(self) -> None:
         self.env.close()

@@ -96,7 +96,7 @@ class RobocasaEnv:
         self.instruction = self.c.instruction or self.env.get_ep_meta().get("lang", self.c.task)
         return self._obs(raw)
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray, observe: bool = True):
         raw, _, _, _ = self.env.step(to_env_action(action, self.layout, self.env.action_dim))
         success = bool(self.env._check_success())
         return self._obs(raw), float(success), success, success, 0.0

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Obs, child_env_vars
+from .base import LazyCameras, Obs, child_env_vars
 
 PROPRIO_DIM = 9
 ACTION_DIMS = {"OSC_POSE": 7, "OSC_POSITION": 4}
@@ -76,6 +76,8 @@ class RobosuiteEnv:
         self.env = make_robosuite(cfg_env)
         if cfg_env.fast_render:
             self._fast_render()
+        self.cameras = LazyCameras(self.env, cfg_env.cameras)
+        self.cameras.install()   # soft resets keep the sensors
         self.instruction = cfg_env.instruction or INSTRUCTIONS.get(cfg_env.task, cfg_env.task)
         from .experts import EXPERTS
         self.expert = EXPERTS[cfg_env.task](self.env) if cfg_env.task in EXPERTS else None
@@ -106,11 +108,15 @@ class RobosuiteEnv:
         seed_robosuite(self.env, seed)
         if self.expert is not None:
             self.expert.reset()
+        self.cameras.wanted = True
         return self._obs(self.env.reset())
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray, observe: bool = True):
+        self.cameras.wanted = observe
         raw, reward, _, _ = self.env.step(np.asarray(action, np.float64))
         success = bool(self.env._check_success())
+        if success and not observe:
+            raw = self.cameras.redraw()
         return self._obs(raw), float(success), success, success, 0.0
 
     def expert_action(self) -> np.ndarray:

@@ -44,7 +44,7 @@ class ToyEnv:
         self.goal = str(names[self.rng.integers(k)])
         return self._obs()
 
-    def step(self, action: np.ndarray):
+    def step(self, action: np.ndarray, observe: bool = True):
         move = (action[:2] > 1 / 3).astype(int) - (action[:2] < -1 / 3).astype(int)
         before = self._distance()
         self.agent = np.clip(self.agent + move, 0, self.g - 1)

@@ -361,21 +361,29 @@ def sim_task_names(tasks: str) -> list[str]:
     return names
 
 
-def time_episodes(cfg, episodes: int) -> dict:
+def steps_by_expert(cfg) -> bool:
+    """Whether `bench sims` drives cfg's task by its scripted expert (else random actions)."""
+    from ..envs import expert_tasks
+
+    tasks = expert_tasks(cfg)
+    return tasks is None or cfg.env.task in tasks
+
+
+def time_episodes(cfg, episodes: int, chunk: int = 1) -> dict:
     """One env hosted as a Simulator hosts it (in-process or its child process, env.python
-    included): its start (process, build and first reset), per-step time inside the env, later
-    reset round trips, and the expert's successes (an env without an expert steps random actions,
-    so only its timings count)."""
+    included): its start (process, build and first reset), time per env step inside the env, later
+    reset round trips, and the expert's successes (an env without an expert steps random actions
+    in chunks of `chunk`, drawing only each chunk's last frame as a policy's rollout does, so only
+    its timings count)."""
     import time
 
     import numpy as np
 
-    from ..envs import env_dims, expert_tasks
+    from ..envs import env_dims
     from ..envs.hosting import make_vec_env
     from ..policies.prompts import instruction_encoder
 
-    tasks = expert_tasks(cfg)
-    expert = tasks is None or cfg.env.task in tasks
+    expert = steps_by_expert(cfg)
     env = make_vec_env(cfg, [0], 0, auto_reset=False, encode=instruction_encoder(cfg.policy))
     rng, dim = np.random.default_rng(0), env_dims(cfg).action_dim
     steps, resets, wins, lengths = [], [], 0, []
@@ -394,13 +402,16 @@ def time_episodes(cfg, episodes: int) -> dict:
             env.start_reset(ep)
             wait()
             resets.append(time.perf_counter() - t0)
-            for t in range(cfg.env.horizon):
-                env.start_step(None if expert else rng.uniform(-1, 1, (1, 1, dim)).astype(np.float32))
+            t = 0
+            while t < cfg.env.horizon:
+                env.start_step(None if expert else rng.uniform(-1, 1, (1, chunk, dim)).astype(np.float32))
                 out = wait()
-                steps.append(out.step_s)
+                ran = max(int(out.env_steps[0]), 1)
+                steps += [out.step_s / ran] * ran
+                t += ran
                 if out.terminated[0] or out.truncated[0]:
                     wins += bool(out.success[0])
-                    lengths.append(t + 1)
+                    lengths.append(t)
                     break
     finally:
         env.close()
@@ -419,20 +430,26 @@ def sims_bench(a) -> int:
 
     child_env_vars()
     rows = []
-    print(f"{'task':24s} {'cams':>4s} {'res':>4s} {'render':>6s} {'step p50 ms':>11s} {'step p99 ms':>11s} {'reset p50 ms':>12s} "
-          f"{'reset p99 ms':>12s} {'start s':>7s} {'expert success':>14s} {'steps/ep':>8s}")
+    print(f"{'task':24s} {'cams':>4s} {'res':>4s} {'render':>6s} {'chunk':>5s} {'step p50 ms':>11s} {'step p99 ms':>11s} "
+          f"{'reset p50 ms':>12s} {'reset p99 ms':>12s} {'start s':>7s} {'expert success':>14s} {'steps/ep':>8s}")
+    chunks = [int(c) for c in a.chunks.split(",")]
     for task in sim_task_names(a.tasks):
         cfg = compose([*SIM_TASKS[task], *a.overrides])
         check_env_python(cfg)
-        r = {"task": task, "cameras": len(cfg.env.cameras), "image_size": cfg.env.image_size,
-             "fast_render": cfg.env.fast_render, **time_episodes(cfg, a.episodes)}
-        rows.append(r)
-        succ = f"{r['successes']}/{a.episodes}" if r["expert"] else "no expert"
-        print(f"{task:24s} {r['cameras']:4d} {r['image_size']:4d} {'fast' if r['fast_render'] else 'stock':>6s} "
-              f"{r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} {r['reset_p99_ms']:12.1f} "
-              f"{r['start_s']:7.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
+        for chunk in chunks[:1] if steps_by_expert(cfg) else chunks:   # the expert acts one step at a time
+            r = {"task": task, "cameras": len(cfg.env.cameras), "image_size": cfg.env.image_size,
+                 "fast_render": cfg.env.fast_render, "chunk": chunk, **time_episodes(cfg, a.episodes, chunk)}
+            rows.append(r)
+            print_sim_row(r, a.episodes)
     save_rows(a.out, "sims.json", rows)
     return 0
+
+
+def print_sim_row(r: dict, episodes: int) -> None:
+    succ = f"{r['successes']}/{episodes}" if r["expert"] else "no expert"
+    print(f"{r['task']:24s} {r['cameras']:4d} {r['image_size']:4d} {'fast' if r['fast_render'] else 'stock':>6s} "
+          f"{r['chunk']:5d} {r['step_p50_ms']:11.1f} {r['step_p99_ms']:11.1f} {r['reset_p50_ms']:12.1f} {r['reset_p99_ms']:12.1f} "
+          f"{r['start_s']:7.1f} {succ:>14s} {r['mean_steps'] or float('nan'):8.1f}", flush=True)
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -466,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", default=",".join(t for t in SIM_TASKS if t not in LIBERO_TASKS),
                     help=f"sims: any of {', '.join(SIM_TASKS)}; libero = every LIBERO row")
     ap.add_argument("--episodes", type=int, default=10, help="sims: episodes per task")
+    ap.add_argument("--chunks", default="1", help="sims: action chunk lengths of the random-action rows (a row each)")
     ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
     ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all); "
                                                    "memory: of openvla,openvla_oft,pi0,pi05")
