@@ -133,7 +133,8 @@ class LiberoEnv:
         self.instruction = ""
         self.raw: dict = {}   # the simulator's last observation (privileged: the expert's input only)
         self.expert = None    # the episode's scripted expert, made at its first expert_action()
-        self.cameras: LazyCameras | None = None   # the current task's env's cameras (base.LazyCameras)
+        self.lazy: dict[int, LazyCameras] = {}    # task id -> its env's cameras, drawn when wanted
+        self.cameras: LazyCameras | None = None   # the current episode's
 
     def _env_of(self, task: int):
         if task not in self.envs:
@@ -151,7 +152,7 @@ class LiberoEnv:
     def reset(self, seed: int) -> Obs:
         task, state = episode_of(seed, self.tasks)
         self.env = self._env_of(task)
-        self.cameras = LazyCameras(self.env.env, self.c.cameras)
+        self.cameras = self.lazy.setdefault(task, LazyCameras(self.env.env, self.c.cameras))
         self.cameras.wanted = False   # the reset's own frames and the settle steps' are never looked at
         self.expert = None
         self.instruction = self.c.instruction or self.suite.get_task(task).language

@@ -40,8 +40,9 @@ def protocol_env(cfg, states: int, max_steps: int, tasks_given: bool) -> dict:
         raise SystemExit(f"--max-steps={max_steps}: must be >= 1 (or 0: the suite's own limit)")
     suite = cfg.env.suite
     task_ids = list(cfg.env.task_ids) if tasks_given else list(range(SUITES[suite]))
+    # Hard resets, as the published evaluation scripts reset (training may reset softly: env.hard_reset).
     return {"task_ids": task_ids, "init_states": "fixed", "seed_order": "sequential",
-            "horizon": max_steps or MAX_STEPS[suite]}
+            "horizon": max_steps or MAX_STEPS[suite], "hard_reset": True}
 
 
 def refuse_trained_on_test_states(checkpoint: Path, suite: str, allow: bool) -> str:
