@@ -199,6 +199,13 @@ def test_the_protocol_refuses_a_checkpoint_trained_on_its_test_states(tmp_path):
     with pytest.raises(SystemExit, match="sft.init_states.json"):
         refuse_trained_on_test_states(sft, "libero_spatial", allow=False)
     assert refuse_trained_on_test_states(sft, "libero_object", allow=False) == "", "another suite's states"
+    # RL from that SFT checkpoint on sampled states keeps the record of what its start saw.
+    rl = tmp_path / "rl"
+    prepare_run_dir(compose(["env=libero", f"policy.init_from={sft}"]), rl)
+    assert json.loads((rl / "init_states.json").read_text())["init_from"]["checkpoint"] == str(sft)
+    with pytest.raises(SystemExit, match="the checkpoint it started from"):
+        refuse_trained_on_test_states(tiny_checkpoint(rl / "ckpt" / "v000001.pt", ["env=libero", *TINY]),
+                                      "libero_spatial", allow=False)
 
 
 def test_sequential_seeds_visit_every_task_and_fixed_state_once():

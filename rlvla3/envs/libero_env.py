@@ -30,8 +30,10 @@ As the published evaluation scripts drive LIBERO (OpenVLA, OpenVLA-OFT, openpi):
 """
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -53,17 +55,30 @@ def episode_of(seed: int, task_ids) -> tuple[int, int]:
     return int(task_ids[seed % n]), (seed // n) % FIXED_STATES
 
 
+def state_records(checkpoint) -> list[Path]:
+    """The init_states.json records of what trained `checkpoint`: its run folder's
+    (<run>/ckpt/vNNNNNN.pt) and, for an SFT checkpoint, its demonstrations' copied beside it
+    (<stem>.init_states.json)."""
+    ckpt = Path(checkpoint).resolve()
+    return [r for r in (ckpt.parent.parent / "init_states.json", ckpt.parent / f"{ckpt.stem}.init_states.json")
+            if r.is_file()]
+
+
 def state_split(cfg) -> dict:
     """Which initial states a run uses, for init_states.json in its run folder. The protocol's test
     states are the suite's 50 fixed states of each task; training on sampled placements keeps
-    them held out (a peer once trained on its test states)."""
+    them held out (a peer once trained on its test states). A run started from a checkpoint
+    (policy.init_from: RL after SFT) carries that checkpoint's records too: what its start saw."""
     e = cfg.env
     uses = {"kind": e.init_states, "states": list(range(FIXED_STATES)) if e.init_states == "fixed" else None,
             "note": "the suite's fixed states (seed // len(task_ids)) % 50" if e.init_states == "fixed"
             else "fresh placements drawn from each task's BDDL regions, from the reset seed"}
     return {"suite": e.suite, "task_ids": list(e.task_ids), "purpose": "evaluation" if cfg.runtime.evaluate else "training",
             "uses": uses, "test_states": {"kind": "fixed", "states": list(range(FIXED_STATES))},
-            "uses_test_states": e.init_states == "fixed"}
+            "uses_test_states": e.init_states == "fixed",
+            "init_from": {"checkpoint": cfg.policy.init_from,
+                          "records": [json.loads(r.read_text()) for r in state_records(cfg.policy.init_from)]}
+            if cfg.policy.init_from else None}
 
 
 def quat2axisangle(quat: np.ndarray) -> np.ndarray:

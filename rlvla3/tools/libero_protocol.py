@@ -50,22 +50,25 @@ def refuse_trained_on_test_states(checkpoint: Path, suite: str, allow: bool) -> 
     (with --allow-train-states) or an exit naming the record that says so. The record is the
     run folder's (<run>/ckpt/vNNNNNN.pt) or, for an SFT checkpoint, its demonstrations' copied
     beside it (<stem>.init_states.json)."""
-    ckpt = checkpoint.resolve()
-    records = [r for r in (ckpt.parent.parent / "init_states.json", ckpt.parent / f"{ckpt.stem}.init_states.json")
-               if r.is_file()]
-    record = next((r for r in records if uses_test_states(json.loads(r.read_text()), suite)), None)
+    from ..envs.libero_env import state_records
+
+    record = next((r for r in state_records(checkpoint) if uses_test_states(json.loads(r.read_text()), suite)), None)
     if record is None:
         return ""
     msg = (f"{checkpoint} was trained on {suite}'s fixed initial states, the protocol's test states "
-           f"({record}: env.init_states=fixed); train with env.init_states=sampled for a held-out result")
+           f"({record}: env.init_states=fixed, in that run or the checkpoint it started from); "
+           "train with env.init_states=sampled for a held-out result")
     if not allow:
         raise SystemExit(msg + ", or pass --allow-train-states to evaluate it anyway")
     return "not held out: " + msg
 
 
 def uses_test_states(split: dict, suite: str) -> bool:
-    """Whether an init_states.json record says a training run used `suite`'s fixed (test) states."""
-    return split.get("purpose") == "training" and bool(split.get("uses_test_states")) and split.get("suite") == suite
+    """Whether an init_states.json record says a training run, or the checkpoint it started from
+    (its init_from records), used `suite`'s fixed (test) states."""
+    ancestors = (split.get("init_from") or {}).get("records", [])
+    return (split.get("purpose") == "training" and bool(split.get("uses_test_states")) and split.get("suite") == suite
+            or any(uses_test_states(r, suite) for r in ancestors))
 
 
 def sim_facts(cfg) -> dict:
