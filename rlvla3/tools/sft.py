@@ -108,7 +108,7 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     opt = torch.optim.Adam(params, lr=lr)
     rng = np.random.default_rng(seed)
     t = {k: torch.from_numpy(v) for k, v in rows.items()}
-    history = []
+    history, every, t0 = [], max(1, steps // 10), time.time()
     for step in range(steps):
         idx = torch.from_numpy(rng.integers(0, len(rows["sample"]), batch))
         mb = [t[k][idx].to(device) for k in ("images", "proprio", "tokens", "sample", "actions")]
@@ -118,6 +118,8 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         history.append(float(loss.detach()))
+        if (step + 1) % every == 0:   # a long SFT says how far it is
+            print(f"  step {step + 1}/{steps}  loss {np.mean(history[-every:]):.3f}  {time.time() - t0:.0f}s", flush=True)
     return policy, history
 
 
