@@ -196,5 +196,6 @@ def test_sft_trains_from_a_lerobot_v30_dataset(tmp_path):
                           str(tmp_path / "sft.pt"), "+experiment=toy"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "demonstration rows" in out.stdout and (tmp_path / "sft.pt").stat().st_size > 0
-    first, last = (float(x) for x in out.stdout.split("loss ")[1].split(";")[0].split(" -> "))
+    summary = next(line for line in out.stdout.splitlines() if "demonstration rows" in line)   # after the progress lines
+    first, last = (float(x) for x in summary.split("loss ")[1].split(";")[0].split(" -> "))
     assert last < first, out.stdout   # the cloning loss falls on these demonstrations
