@@ -162,12 +162,13 @@ class LiberoEnv:
                 hard_reset=self.c.hard_reset)
             if self.c.fast_render:
                 self.envs[task].env.set_xml_processor(no_msaa)
+            self.lazy[task] = LazyCameras(self.envs[task].env, self.c.cameras)
         return self.envs[task]
 
     def reset(self, seed: int) -> Obs:
         task, state = episode_of(seed, self.tasks)
         self.env = self._env_of(task)
-        self.cameras = self.lazy.setdefault(task, LazyCameras(self.env.env, self.c.cameras))
+        self.cameras = self.lazy[task]
         self.cameras.wanted = False   # the reset's own frames and the settle steps' are never looked at
         self.expert = None
         self.instruction = self.c.instruction or self.suite.get_task(task).language

@@ -436,7 +436,7 @@ def sims_bench(a) -> int:
     for task in sim_task_names(a.tasks):
         cfg = compose([*SIM_TASKS[task], *a.overrides])
         check_env_python(cfg)
-        for chunk in chunks[:1] if steps_by_expert(cfg) else chunks:   # the expert acts one step at a time
+        for chunk in [1] if steps_by_expert(cfg) else chunks:   # the expert acts one step at a time
             r = {"task": task, "cameras": len(cfg.env.cameras), "image_size": cfg.env.image_size,
                  "fast_render": cfg.env.fast_render, "chunk": chunk, **time_episodes(cfg, a.episodes, chunk)}
             rows.append(r)
