@@ -435,6 +435,7 @@ def validate(cfg: RunConfig) -> None:
              "use none, lz4 or delta-lz4")
     _require(rt.max_idle_wait > 0, "runtime.max_idle_wait", rt.max_idle_wait, "use a positive number of seconds")
     _require(rt.spin_us >= 0, "runtime.spin_us", rt.spin_us, "use 0 (wait at once) or more microseconds")
+    _require(rt.expect_spin_us >= 0, "runtime.expect_spin_us", rt.expect_spin_us, "use 0 (never) or more microseconds")
     validate_eval(cfg)
     _require(rt.liveness_timeout > 2 * rt.heartbeat_interval, "runtime.liveness_timeout",
              rt.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")

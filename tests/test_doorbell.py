@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rlvla3.engine.doorbell import Doorbell
+from rlvla3.engine.doorbell import Cadence, Doorbell, earliest
 from rlvla3.engine.transport import Backoff
 from tests.conftest import needs_mpi
 
@@ -106,16 +106,52 @@ def test_backoff_looks_again_at_once_after_an_early_wake():
     assert len(woke) == 2 and woke[1] == 0.0005, "after an early wake the backoff restarts from the shortest wait"
 
 
+def test_a_cadence_learns_the_interval_and_a_long_gap_does_not_teach_it_a_new_one():
+    c = Cadence()
+    for _ in range(2):
+        c.observe(0.005)
+    assert c.window(10.0, 0.0005) is None, "two intervals are not yet a rhythm"
+    for _ in range(20):
+        c.observe(0.005)
+    lo, hi = c.window(10.0, 0.0005)
+    assert lo < 10.005 < hi and hi - lo == pytest.approx(2 * Cadence.LEAST), "a steady stream: the narrowest window"
+    assert c.window(10.0, 0.0) is None, "expect_spin_us=0 never spins"
+    c.observe(1.0)    # a segment boundary: 200x the interval
+    assert c.interval <= 0.005 * (1 + Cadence.ALPHA) + 1e-12, "one long gap moved the rhythm more than a clipped step"
+    lo, hi = c.window(10.0, 0.0005)
+    assert hi - lo <= 2 * 0.0005 + 1e-12, "the window is capped at expect_spin_us either side"
+    assert earliest([None, (1.0, 2.0), (0.5, 0.9), (3.0, 4.0)], now=0.95) == (1.0, 2.0), "a passed window is skipped"
+
+
+def test_backoff_polls_inside_an_expected_window_and_does_not_sleep_into_one():
+    waits = []
+
+    def wait(timeout, fds):
+        waits.append(timeout)
+        return False
+
+    b = Backoff(0.0005, 0.05, wait=wait)
+    now = time.monotonic()
+    b.idle(expect=(now - 1.0, now + 60.0))
+    assert waits == [], "inside the window a pass looks again without waiting"
+    b.cur = 0.05
+    b.idle(expect=(now + 60.0, now + 61.0))
+    assert waits == [0.05], "a window far off: the usual wait"
+    b.idle(expect=(time.monotonic() + 0.002, time.monotonic() + 0.003))
+    assert 0 < waits[-1] <= 0.002, "the wait ends where the window opens"
+
+
 @needs_mpi
 @pytest.mark.slow
 def test_bench_latency_measures_every_wake_over_real_engine_jobs(tmp_path):
     from rlvla3.tools.bench import main
 
-    assert main(["latency", "--topologies", "1+1", "--wakes", "sleep,doorbell", "--requests", "60",
+    assert main(["latency", "--topologies", "1+1", "--wakes", "doorbell,doorbell+expect", "--requests", "60",
                  "--idle-seconds", "2", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "latency.json").read_text())
     assert [(r["topology"], r["wake"]) for r in rows] == [
-        ("1+1", "sleep"), ("1+1", "doorbell"), ("idle", "sleep"), ("idle", "doorbell"), ("floor", "doorbell"), ("floor", "spin")]
+        ("1+1", "doorbell"), ("1+1", "doorbell+expect"), ("idle", "doorbell"), ("idle", "doorbell+expect"),
+        ("floor", "doorbell"), ("floor", "spin")]
     for r in rows:
         assert r["requests"] >= 40, r
         assert 0 < r["p50_ms"] <= r["p99_ms"], r

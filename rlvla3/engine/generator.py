@@ -20,6 +20,7 @@ from ..policies import make_actor
 from ..world import World, spec
 from . import weights
 from .batcher import DynamicBatcher, WindowTuner
+from .doorbell import Cadence, earliest
 from .obs_compression import obs_wire
 from .protocol import Done, Kind, Stop, Tag, WeightsHeader, action_codec, obs_codec
 
@@ -47,6 +48,8 @@ class Generator:
         self.reply_bufs = {gid: self.act_codec.alloc(g.size) for gid, g in self.groups.items()}
         self.reply_reqs: dict[int, object] = {}
         self.busy: set[int] = set()            # groups with a request received and not yet answered
+        self.cadence = {gid: Cadence() for gid in self.groups}   # each group's interval between requests
+        self.last_arrival: dict[int, float] = {}
         self.held: list[Request] = []          # ACT requests beyond the credits
         # Sync baseline (lockstep): wait for every group served, then forward them all in B_max
         # chunks; async: the dynamic batcher closes batches on B_max or T_max.
@@ -111,6 +114,9 @@ class Generator:
                 continue  # draining after Stop: the Simulator no longer waits for a reply
             _, rid, step, kind = self.obs_codec.header(buf)
             req = Request(gid, g.size, time.monotonic(), rid, step, kind, self.obs_codec.unpack(buf, g.size))
+            if gid in self.last_arrival:
+                self.cadence[gid].observe(req.arrived - self.last_arrival[gid])
+            self.last_arrival[gid] = req.arrived
             self.busy.add(gid)
             self._tune(req)
             self._admit(req)
@@ -207,6 +213,12 @@ class Generator:
     def deadline(self) -> float | None:
         """When the open batch closes on T_max (monotonic), if one is open."""
         return None if self.lockstep else self.batcher.deadline()
+
+    def expecting(self) -> tuple[float, float] | None:
+        """When the next request of a group with none in hand is due (monotonic window)."""
+        most = self.cfg.runtime.expect_spin_us / 1e6
+        return earliest((self.cadence[gid].window(t, most) for gid, t in self.last_arrival.items()
+                         if gid not in self.busy), time.monotonic())
 
     def describe(self) -> str:
         return (f"generator version {self.version} credits<=step {self.granted_until}: batcher "

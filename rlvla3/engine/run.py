@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from .doorbell import earliest
+
 
 class Preemption:
     """Slurm's warning before a time limit or preemption (USR2, see slurm.py).
@@ -155,7 +157,8 @@ def drive(roles: list, transport, preemption: Preemption | None = None, stall_re
             last_work, reported = time.monotonic(), False  # armed: report the next long stall
         else:
             due = [t for t in (r.deadline() for r in roles) if t is not None]
-            transport.backoff.idle(min(due, default=None), tuple(fd for r in roles for fd in r.wake_fds()))
+            expect = earliest((r.expecting() for r in roles), time.monotonic())
+            transport.backoff.idle(min(due, default=None), tuple(fd for r in roles for fd in r.wake_fds()), expect)
             if not reported and time.monotonic() - last_work > stall_report:
                 print(f"[rank {transport.rank}] no progress for {stall_report:.0f}s: " +
                       "; ".join(r.describe() for r in roles), file=sys.stderr, flush=True)

@@ -37,6 +37,7 @@ from ..envs.hosting import GroupStep, make_vec_env
 from ..policies.prompts import instruction_encoder
 from ..world import Group, World, group_seed, spec
 from . import checkpoints, shards
+from .doorbell import Cadence, earliest
 from .obs_compression import obs_wire
 from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec, request_id
 
@@ -126,6 +127,8 @@ class GroupLoop:
         self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
         self.send_req = self.recv_req = None
         self.t_sent = 0.0
+        self.sent_at = 0.0                           # monotonic twin of t_sent
+        self.round_trip = Cadence()                  # from a request to its reply
         self.episodic = sim.world.episodic
         self.alive = np.ones(g.size, bool)           # episodic: envs still in their episode
         self.reset_digests: list[int] = []
@@ -155,6 +158,7 @@ class GroupLoop:
             return True
         if self.state in (WAIT_ACTION, WAIT_BOOTSTRAP) and self.recv_req.Test():
             waited = time.time() - self.t_sent
+            self.round_trip.observe(time.monotonic() - self.sent_at)
             self.sim.transport.seen(self.gen_rank)
             if self.state == WAIT_ACTION:
                 self._on_action()
@@ -170,6 +174,12 @@ class GroupLoop:
     def wake_fds(self) -> tuple:
         return self.env.wake_fds() if self.state in (RESETTING, STEPPING) else ()
 
+    def expecting(self) -> tuple[float, float] | None:
+        """When the reply to the request out is due (monotonic window), if one is out."""
+        if self.state not in (WAIT_ACTION, WAIT_BOOTSTRAP):
+            return None
+        return self.round_trip.window(self.sent_at, self.sim.cfg.runtime.expect_spin_us / 1e6)
+
     def _start_reset(self) -> None:
         """`World.shared_reset`: every env of the group from one seed; else each env's own seeds."""
         self.alive[:] = True
@@ -184,7 +194,7 @@ class GroupLoop:
         self.recv_req = self.sim.transport.irecv_buf(self.gen_rank, Tag.ACTION + self.g.gid, self.reply_buf)
         data = self.obs_buf if self.wire is None else self.wire.encode(self.obs_buf)
         self.send_req = self.sim.transport.isend_buf(self.gen_rank, Tag.OBS + self.g.gid, data)
-        self.t_sent = time.time()
+        self.t_sent, self.sent_at = time.time(), time.monotonic()
         self.state = WAIT_ACTION if kind == Kind.ACT else WAIT_BOOTSTRAP
 
     def _on_action(self) -> None:
@@ -331,6 +341,10 @@ class Simulator:
     def wake_fds(self) -> tuple:
         """Files whose data is this rank's next work (env children's pipes): idle waits end on them."""
         return tuple(fd for g in self.groups for fd in g.wake_fds())
+
+    def expecting(self) -> tuple[float, float] | None:
+        """The first window in which a reply is due (doorbell.Cadence)."""
+        return earliest((g.expecting() for g in self.groups), time.monotonic())
 
     def describe(self) -> str:
         return ("simulator groups: " + ", ".join(f"g{g.g.gid}:{g.state.name}@seq{g.seq}t{g.t}" for g in self.groups)

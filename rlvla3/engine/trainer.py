@@ -366,6 +366,9 @@ class Trainer:
     def deadline(self) -> float | None:
         return None  # the Trainer only waits for messages
 
+    def expecting(self) -> None:
+        return None  # shards come when Simulators finish segments: no rhythm worth spinning for
+
     def describe(self) -> str:
         arrived = {k: sum(m.rows for m in v) for k, v in self.announced.items()}
         return (f"trainer {self.index} version {self.version}, opt step {self.opt_step}, rows announced per "

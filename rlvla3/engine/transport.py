@@ -52,17 +52,25 @@ class Backoff:
     last_work: float = 0.0
     SPINS_AFTER_WAKE = 8   # Open MPI shows an arrived message to Iprobe after ~3 progress calls
 
-    def idle(self, until: float | None = None, fds: tuple = ()) -> None:
+    def idle(self, until: float | None = None, fds: tuple = (), expect: tuple[float, float] | None = None) -> None:
         """Wait the next backoff step, but not past `until` (time.monotonic()): a rank that
         knows when its next piece of work is due (a batch deadline, an emulated step) wakes then.
-        Right after an early wake (a ring, data on `fds`) a few passes look again at once, and
-        for `spin` seconds after work every pass does (a reply expected soon finds the rank hot)."""
+        Right after an early wake (a ring, data on `fds`) a few passes look again at once; for
+        `spin` seconds after work every pass does, and so does every pass inside `expect` (a
+        message's (from, to) window, `doorbell.Cadence`), which a wait does not sleep into."""
         if self.spins > 0:
             self.spins -= 1
             return
         if self.spin and time.perf_counter() - self.last_work < self.spin:
             os.sched_yield()
             return
+        if expect is not None:
+            now = time.monotonic()
+            if expect[0] <= now <= expect[1]:
+                os.sched_yield()
+                return
+            if now < expect[0]:
+                until = expect[0] if until is None else min(until, expect[0])
         self.cur = min(self.hi, max(self.lo, self.cur * 2))
         dt = self.cur if until is None else min(self.cur, until - time.monotonic())
         if self.wait(dt, fds):

@@ -5,7 +5,7 @@
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`   (tools/bench_faults.py)
    `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
    `python -m rlvla3.bench obs [overrides...]`   (tools/bench_obs.py: observation compression)
-   `python -m rlvla3.bench latency [--topologies 1+1,16+4] [--wakes sleep,doorbell,doorbell+spin]`   (tools/bench_latency.py)
+   `python -m rlvla3.bench latency [--topologies 1+1,16+4] [--wakes doorbell,doorbell+expect,...]`   (tools/bench_latency.py)
    `python -m rlvla3.bench sims [--tasks Lift,...,pick-place-v3,...,libero,maniskill_PickCube] [--episodes 10] [overrides...]`
 
 Runs the same workload in several modes back to back, in one process, and prints for each:
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fanouts", default="0,2", help="weights: relay tree fanouts (0: Trainer 0 sends to every Generator)")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="weights: bucket size (MiB)")
     ap.add_argument("--topologies", default="1+1,16+4", help="latency: Simulators+Generators")
-    ap.add_argument("--wakes", default="sleep,doorbell,doorbell+spin", help="latency: how idle ranks wait")
+    ap.add_argument("--wakes", default="sleep,doorbell,doorbell+expect,doorbell+spin", help="latency: how idle ranks wait")
     ap.add_argument("--step-ms", type=float, default=0.0, help="latency: emulated env step (default: 5 ms at 1+1, 80 at 16+4)")
     ap.add_argument("--requests", type=int, default=500, help="latency: action requests per Simulator")
     ap.add_argument("--spin-us", type=float, default=10000.0,
