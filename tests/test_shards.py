@@ -70,6 +70,31 @@ def test_shards_are_plain_zarr_3_both_ways(tmp_path, codec):
     assert not any((theirs / "terminated").rglob("c*")), "zarr-python skipped the all-fill chunk"
 
 
+def test_zstd_is_spent_only_where_it_shrinks_and_fill_chunks_are_not_written(tmp_path):
+    """Under codec zstd an array zstd cannot shrink (noise frames) is written raw and one it can
+    (flat frames) compressed, each array's zarr.json saying which; an all-fill chunk is not
+    written. read_shard and zarr-python read every array back exactly."""
+    import zarr
+
+    rng = np.random.default_rng(0)
+    seg = segment()
+    seg["images"] = rng.integers(0, 256, (8, 3, 2, 64, 64, 3), dtype=np.uint8)   # 590 KB of noise
+    seg["proprio"] = np.zeros((8, 3, 4), np.float32)
+    flat = np.full((8, 3, 2, 64, 64, 3), 7, np.uint8)
+    path = shards.write_shard(tmp_path, shards.shard_name(0, 0, 0), seg, np.ones(3, np.float32), {})
+    flat_path = shards.write_shard(tmp_path, shards.shard_name(0, 0, 1), {**seg, "images": flat}, np.ones(3, np.float32), {})
+    codecs = lambda p, k: [c["name"] for c in json.loads((p / k / "zarr.json").read_text())["codecs"]]   # noqa: E731
+    assert codecs(path, "images") == ["bytes"], "noise was compressed"
+    assert codecs(flat_path, "images") == ["bytes", "zstd"], "flat frames were not compressed"
+    assert not any((path / "proprio").glob("c*")) and any((path / "rewards").glob("c*"))
+    for p, images in ((path, seg["images"]), (flat_path, flat)):
+        arrays, _ = shards.read_shard(p)
+        root = zarr.open_group(str(p), mode="r")
+        for k, v in {**seg, "images": images}.items():
+            np.testing.assert_array_equal(arrays[k], v)
+            np.testing.assert_array_equal(root[k][...], v)
+
+
 def _writer(d, n):
     for i in range(n):
         shards.write_shard(d, shards.shard_name(0, 0, i), segment(T=16, N=4, fill=i % 250 + 1),

@@ -153,13 +153,36 @@ def chunk_key(ndim: int) -> str:
     return ".".join(["c", *["0"] * ndim])
 
 
+PROBE_BYTES = 1 << 18   # a large array is compressed only if this much of its middle shrinks
+PROBE_MIN_SAVING = 0.1
+
+
+def pays_to_compress(a: np.ndarray) -> bool:
+    """Whether zstd shrinks `a` by at least PROBE_MIN_SAVING, judged on a slice of its middle for a
+    large array: frames that are noise to zstd (textured scenes, camera noise) cost the full
+    compression for nothing, and the output buffer's page faults on top (`bench shards`, noise rows)."""
+    raw = memoryview(a).cast("B")
+    if raw.nbytes <= 2 * PROBE_BYTES:
+        return True
+    mid = raw.nbytes // 2
+    probe = raw[mid - PROBE_BYTES // 2: mid + PROBE_BYTES // 2]
+    return len(_zstd().encode(probe)) <= (1 - PROBE_MIN_SAVING) * probe.nbytes
+
+
 def write_array(group: Path, key: str, a: np.ndarray, codec: str = "zstd") -> None:
+    """One array as a zarr 3 array of one chunk. With codec zstd, an array that zstd would not
+    shrink is written raw (its own zarr.json says so; readers follow each array's metadata); a
+    chunk holding only the fill value is not written at all, as zarr-python does by default."""
     a = np.ascontiguousarray(a)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
+    if codec == "zstd" and not pays_to_compress(a):
+        codec = "none"
     folder = group / key
     folder.mkdir()
     (folder / "zarr.json").write_text(json.dumps(array_meta(a, codec)))
+    if a.nbytes <= PROBE_BYTES and not a.any():   # every fill value is zero (false) here
+        return
     with open(folder / chunk_key(a.ndim), "wb") as f:
         f.write(_zstd().encode(a) if codec == "zstd" else memoryview(a).cast("B"))
 

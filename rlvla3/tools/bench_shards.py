@@ -58,10 +58,10 @@ def zarr_python_write(folder: Path, arrays: dict, bootstrap: np.ndarray) -> None
 
 def timed(ops: list[tuple[str, object]], repeats: int) -> dict[str, tuple[float, float]]:
     """op -> median (CPU s of the whole process, wall s) of `repeats` calls fn(i), the ops taking
-    turns within each repeat so that the machine's noise falls on all of them alike."""
+    turns within each repeat, in a rotating order, so that the machine's noise falls on all of them alike."""
     got = {op: ([], []) for op, _ in ops}
     for i in range(repeats):
-        for op, fn in ops:
+        for op, fn in ops[i % len(ops):] + ops[:i % len(ops)]:   # each op first as often (writeback throttles whoever comes later)
             c0, w0 = time.process_time(), time.perf_counter()
             fn(i)
             got[op][0].append(time.process_time() - c0)
