@@ -153,3 +153,26 @@ def test_scale_header_carries_overrides_as_data_never_as_shell(tmp_path):
     assert shlex.split(line) == overrides
     with pytest.raises(config.ConfigError, match="line break"):
         scale.header(["cluster=slurm_local", "env.instruction='a\ntouch x'"], 32, 4)
+
+
+def test_a_sacct_that_never_answers_is_killed_and_the_watcher_goes_on(tmp_path, monkeypatch):
+    """sacct blocks while the accounting daemon does (its database gone): the watcher's call is
+    bounded, submitit keeps the last known state, and an answering sacct is read as before."""
+    import time
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    sacct = fake / "sacct"
+    sacct.write_text("#!/bin/sh\nsleep 600\n")
+    sacct.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    watcher = slurm.HetInfoWatcher(delay_s=0)
+    watcher.SACCT_TIMEOUT_S = 1.0
+    watcher.register_job("4242")
+    t0 = time.monotonic()
+    watcher.update()
+    assert time.monotonic() - t0 < 15, "the watcher waited on a sacct that never answers"
+    assert watcher.get_state("4242", mode="cache") == "UNKNOWN"
+    sacct.write_text("#!/bin/sh\nprintf 'JobID|State|NodeList\\n4242+0|COMPLETED|n1\\n4242+1|FAILED|n2\\n'\n")
+    watcher.update()
+    assert watcher.get_state("4242", mode="cache") == "FAILED", "a het job's failed component fails it"

@@ -128,6 +128,16 @@ def time_minutes(t: str) -> int:
 
 
 class HetInfoWatcher(_slurm.SlurmInfoWatcher):
+    SACCT_TIMEOUT_S = 20.0
+    """submitit runs sacct with no timeout, and sacct waits as long as the accounting daemon does
+    (seen: its database gone, `wait` blocked far past its own timeout). A sacct that does not answer
+    in time is killed: submitit logs the error and keeps the last state it knew, and `wait` still
+    sees the job end through squeue, which asks slurmctld directly."""
+
+    def _make_command(self):
+        command = super()._make_command()
+        return None if command is None else ["timeout", "--kill-after=5", f"{self.SACCT_TIMEOUT_S:g}", *command]
+
     def read_info(self, string):
         """sacct rows `<id>+k` (one per component) fold into `<id>`: failed if any component
         failed, running while any runs, else the leader's state."""
