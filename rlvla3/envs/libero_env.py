@@ -90,6 +90,18 @@ def quat2axisangle(quat: np.ndarray) -> np.ndarray:
     return quat[:3] * 2.0 * np.arccos(w) / den
 
 
+def forget_last_episode(inner) -> None:
+    """What a soft reset keeps of the previous episode beyond the state it sets: the gripper's
+    last command (robosuite's gripper models accumulate it, and only a new model starts it at
+    zero) and MuJoCo's solver warm start (the last step's accelerations seed the next solve).
+    Both start at zero, as after a hard reset, so an episode depends on its seed alone, not on
+    the episode before it (a GRPO group's episodes must share one start)."""
+    for robot in inner.robots:
+        if robot.has_gripper:
+            robot.gripper.current_action = np.zeros(robot.gripper.dof)
+    inner.sim.data._data.qacc_warmstart[:] = 0
+
+
 def no_msaa(xml: str) -> str:
     """The model XML with `<visual><quality offsamples="0"/>`: render contexts made from it have no MSAA."""
     import xml.etree.ElementTree as ET
@@ -181,6 +193,7 @@ class LiberoEnv:
             raw = self.env.set_init_state(states[state])
         if self.c.fast_render:
             self._fast_render()
+        forget_last_episode(self.env.env)
         for k in range(self.c.settle_steps):
             self.cameras.wanted = k == self.c.settle_steps - 1
             raw, _, _, _ = self.env.step(NO_OP)
@@ -199,7 +212,9 @@ class LiberoEnv:
     def _fast_render(self) -> None:
         """MSAA off on a context made with it (the one made at construction, before the XML hook):
         the offscreen context reads model.vis.quality.offsamples when it is made, so it is made
-        again (the old one freed first: freeing unbinds whatever context is current)."""
+        again (the old one freed first: freeing unbinds whatever context is current). The new one
+        keeps the old one's geom groups: robosuite hides the collision meshes on its context at
+        each reset, and a fresh context would show them (green and blue) until the next."""
         import gc
 
         from robosuite.utils.binding_utils import MjRenderContextOffscreen
@@ -208,10 +223,12 @@ class LiberoEnv:
         sim = inner.sim
         if sim.model.vis.quality.offsamples == 0:
             return
+        groups = np.array(sim._render_context_offscreen.vopt.geomgroup)
         sim._render_context_offscreen = None
         gc.collect()
         sim.model.vis.quality.offsamples = 0
         ctx = MjRenderContextOffscreen(sim, device_id=inner.render_gpu_device_id)
+        ctx.vopt.geomgroup[:] = groups
         ctx.gl_ctx.make_current()
 
     def step(self, action: np.ndarray, observe: bool = True):
