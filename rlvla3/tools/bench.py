@@ -41,10 +41,12 @@ WORKLOADS = {
                   "generator.b_max=2"],
     # Paper-shaped: real robosuite envs, the Generator and Trainer emulated with a pi0.5-on-H100-like
     # profile (a forward ~28 ms at batch 1 + 3 ms a sample, 89 training samples/s, 0.2 s to publish).
-    "robosuite_pi05": ["env=robosuite_lift", "env.num_envs=2", "algo.segment_steps=16", "algo.rollout_batch=64",
+    # 4 envs in 2 groups of 2 and a 20 ms window: a sample batched costs 3 ms against 31 ms alone, so
+    # the Generator batches as a pi0.5 server would (with 2 envs it served batches of 1: 1.3x at most).
+    "robosuite_pi05": ["env=robosuite_lift", "env.num_envs=4", "algo.segment_steps=16", "algo.rollout_batch=64",
                        "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=5", "sharding.groups_per_rank=2",
-                       "generator.b_max=2", "policy=emulated", "policy.infer_fixed_ms=28", "policy.infer_per_sample_ms=3",
-                       "policy.train_samples_per_s=89", "policy.weight_sync_ms=200"],
+                       "generator.b_max=4", "generator.t_max_ms=20", "policy=emulated", "policy.infer_fixed_ms=28",
+                       "policy.infer_per_sample_ms=3", "policy.train_samples_per_s=89", "policy.weight_sync_ms=200"],
     "toy": ["+experiment=toy", "algo.max_versions=6", "algo.update_epochs=1"],
     # ManiSkill3 PickCube under .venv-maniskill (one env a process: its CPU backend), 2 envs at 64x64.
     "maniskill": ["env=maniskill", "env.num_envs=2", "policy=tiny", "policy.patch=8", "algo.segment_steps=16",
