@@ -50,6 +50,7 @@ class Generator:
         self.busy: set[int] = set()            # groups with a request received and not yet answered
         self.cadence = {gid: Cadence() for gid in self.groups}   # each group's interval between requests
         self.last_arrival: dict[int, float] = {}
+        self.expect_most = cfg.runtime.expect_spin_us / 1e6   # seconds either side of a due request
         self.held: list[Request] = []          # ACT requests beyond the credits
         # Sync baseline (lockstep): wait for every group served, then forward them all in B_max
         # chunks; async: the dynamic batcher closes batches on B_max or T_max.
@@ -216,8 +217,7 @@ class Generator:
 
     def expecting(self) -> tuple[float, float] | None:
         """When the next request of a group with none in hand is due (monotonic window)."""
-        most = self.cfg.runtime.expect_spin_us / 1e6
-        return earliest((self.cadence[gid].window(t, most) for gid, t in self.last_arrival.items()
+        return earliest((self.cadence[gid].window(t, self.expect_most) for gid, t in self.last_arrival.items()
                          if gid not in self.busy), time.monotonic())
 
     def describe(self) -> str:

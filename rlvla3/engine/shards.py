@@ -155,6 +155,7 @@ def chunk_key(ndim: int) -> str:
 
 PROBE_BYTES = 1 << 18   # a large array is compressed only if this much of its middle shrinks
 PROBE_MIN_SAVING = 0.1
+FILL_CHECK_BYTES = 1 << 18   # arrays up to this size are looked at for all-fill (frames never are)
 
 
 def pays_to_compress(a: np.ndarray) -> bool:
@@ -181,7 +182,7 @@ def write_array(group: Path, key: str, a: np.ndarray, codec: str = "zstd") -> No
     folder = group / key
     folder.mkdir()
     (folder / "zarr.json").write_text(json.dumps(array_meta(a, codec)))
-    if a.nbytes <= PROBE_BYTES and not a.any():   # every fill value is zero (false) here
+    if a.nbytes <= FILL_CHECK_BYTES and not a.view(np.uint8).any():   # every fill value is zero bytes (array_meta)
         return
     with open(folder / chunk_key(a.ndim), "wb") as f:
         f.write(_zstd().encode(a) if codec == "zstd" else memoryview(a).cast("B"))

@@ -178,7 +178,7 @@ class GroupLoop:
         """When the reply to the request out is due (monotonic window), if one is out."""
         if self.state not in (WAIT_ACTION, WAIT_BOOTSTRAP):
             return None
-        return self.round_trip.window(self.sent_at, self.sim.cfg.runtime.expect_spin_us / 1e6)
+        return self.round_trip.window(self.sent_at, self.sim.expect_most)
 
     def _start_reset(self) -> None:
         """`World.shared_reset`: every env of the group from one seed; else each env's own seeds."""
@@ -291,6 +291,7 @@ class Simulator:
         self.spec = spec(cfg)
         self.encode = instruction_encoder(cfg.policy)   # one tokenizer per rank, shared by its groups
         self.obs_codec, self.act_codec = obs_codec(self.spec), action_codec(self.spec)
+        self.expect_most = cfg.runtime.expect_spin_us / 1e6   # seconds either side of a due reply
         self.shards_dir = run_dir / "shards"
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.groups = [GroupLoop(self, g, self._first_seq(g)) for g in world.groups_of_sim(self.rank)]
