@@ -394,11 +394,13 @@ class RuntimeConfig:
     spin_us: float = 0.0
     """For this many microseconds after it did work a rank polls without waiting (yielding the
     core), so an answer that comes soon finds it awake; 0: it waits at once."""
-    expect_spin_us: float = 500.0
+    expect_spin_us: float = 0.0
     """A rank polls without waiting around the moment it expects its next message (a Generator: a
     group's next request; a Simulator: a reply; learnt from the intervals seen, engine/doorbell.py:
     Cadence), at most this many microseconds either side, and sleeps on its doorbell otherwise;
-    0: it never does. Saves a wake-up per hop (`python -m rlvla3.bench latency`)."""
+    0: it never does. 500 saved a little of a hop in 6 of 8 pairs (`python -m rlvla3.bench
+    latency`); off by default until it is shown not to change what timing-sensitive async runs
+    learn (README, engine speed)."""
     tensorboard: bool = True
     """Trainer rank 0 writes TensorBoard scalars under tb/ (per version, and under by_env_steps/
     against the env steps so far) and the resolved config once."""

@@ -1,7 +1,7 @@
 """`python -m rlvla3.bench latency`: the action request's round trip minus inference, and the CPU
 that waiting costs, for each way an idle rank can wait, side by side in one run: sleep (polling
-at growing intervals), doorbell (a wake-up per message), doorbell+expect (the default: a rank also
-polls around the moment it expects a message, runtime.expect_spin_us), doorbell+spin (polling for
+at growing intervals), doorbell (a wake-up per message), doorbell+expect (a rank also polls around
+the moment it expects a message, runtime.expect_spin_us=500), doorbell+spin (polling for
 runtime.spin_us after any work).
 
 Each row is a real engine job (mpiexec, every role, credits, shards, weight publishes) on the
@@ -50,10 +50,9 @@ WARMUP = 5   # requests left out per Simulator
 TOPOLOGIES = {"1+1": (1, 1, 5.0), "16+4": (16, 4, 80.0)}
 """Simulators, Generators, env step (ms): both offer this machine ~200 requests/s (16 Simulators
 at 5 ms would keep 2 cores saturated, and the rows would measure the run queue, not the path)."""
-WAKES = {"sleep": ["runtime.wake=sleep", "runtime.expect_spin_us=0"],
-         "doorbell": ["runtime.wake=doorbell", "runtime.expect_spin_us=0"],
-         "doorbell+expect": ["runtime.wake=doorbell"],
-         "doorbell+spin": ["runtime.wake=doorbell", "runtime.expect_spin_us=0", "runtime.spin_us={spin_us}"]}
+WAKES = {"sleep": ["runtime.wake=sleep"], "doorbell": ["runtime.wake=doorbell"],
+         "doorbell+expect": ["runtime.wake=doorbell", "runtime.expect_spin_us=500"],
+         "doorbell+spin": ["runtime.wake=doorbell", "runtime.spin_us={spin_us}"]}
 
 
 def workload(sims: int, gens: int, step_ms: float, requests: int) -> list[str]:
