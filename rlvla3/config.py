@@ -356,6 +356,13 @@ class ClusterConfig:
     """Print the sbatch text that would be submitted, and submit nothing."""
 
 
+# The choices of runtime's string fields, named once: world.validate checks them, the engine
+# dispatches on them.
+SHARD_CODECS = ("zstd", "none")
+WAKES = ("doorbell", "sleep")
+OBS_COMPRESSIONS = ("none", "lz4", "delta-lz4")
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     liveness_timeout: float = 30.0

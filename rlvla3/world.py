@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, RunConfig
+from .config import OBS_COMPRESSIONS, SHARD_CODECS, WAKES, ConfigError, RunConfig
 from .envs import env_dims, in_process, interpreter
 from .policies import SampleLayout, sample_layout
 from .policies.prompts import instruction_encoder
@@ -422,24 +422,26 @@ def validate(cfg: RunConfig) -> None:
              f"a group larger than the batch limit min(generator.b_max, policy.max_batch)={b_max} could never be served")
     _require(len(plan) and sum(len(r) for r in plan) >= c.gen_ranks, "cluster.gen_ranks", c.gen_ranks,
              "more Generators than env groups would leave a Generator idle")
-    rt = cfg.runtime
+    validate_runtime(cfg.runtime)
+    validate_eval(cfg)
+    _require(sum(len(r) for r in plan) < 30000, "sharding.plan", "too many groups", "keep under 30000 groups (MPI tag range)")
+
+
+def validate_runtime(rt) -> None:
+    """runtime.*: timeouts, checkpointing, logging and the choices of its string fields."""
     for name in ("heartbeat_interval", "startup_timeout", "shutdown_timeout", "max_wall"):
         _require(getattr(rt, name) > 0, f"runtime.{name}", getattr(rt, name), "must be > 0 (seconds)")
     _require(rt.wandb_mode in ("online", "offline"), "runtime.wandb_mode", rt.wandb_mode, "use online or offline")
     _require(not rt.wandb or importlib.util.find_spec("wandb") is not None, "runtime.wandb", rt.wandb,
              "needs the wandb package: pip install -e '.[wandb]' (or runtime.wandb=false)")
     _require(rt.ckpt_every >= 1, "runtime.ckpt_every", rt.ckpt_every, "must be >= 1 (checkpoint every N versions)")
-    _require(rt.shard_codec in ("zstd", "none"), "runtime.shard_codec", rt.shard_codec, "use zstd or none")
-    _require(rt.wake in ("doorbell", "sleep"), "runtime.wake", rt.wake, "use doorbell or sleep")
-    _require(rt.obs_compression in ("none", "lz4", "delta-lz4"), "runtime.obs_compression", rt.obs_compression,
-             "use none, lz4 or delta-lz4")
+    for name, choices in (("shard_codec", SHARD_CODECS), ("wake", WAKES), ("obs_compression", OBS_COMPRESSIONS)):
+        _require(getattr(rt, name) in choices, f"runtime.{name}", getattr(rt, name), f"use one of {', '.join(choices)}")
     _require(rt.max_idle_wait > 0, "runtime.max_idle_wait", rt.max_idle_wait, "use a positive number of seconds")
     _require(rt.spin_us >= 0, "runtime.spin_us", rt.spin_us, "use 0 (wait at once) or more microseconds")
     _require(rt.expect_spin_us >= 0, "runtime.expect_spin_us", rt.expect_spin_us, "use 0 (never) or more microseconds")
-    validate_eval(cfg)
     _require(rt.liveness_timeout > 2 * rt.heartbeat_interval, "runtime.liveness_timeout",
              rt.liveness_timeout, "must exceed 2 * runtime.heartbeat_interval")
-    _require(sum(len(r) for r in plan) < 30000, "sharding.plan", "too many groups", "keep under 30000 groups (MPI tag range)")
 
 
 def validate_eval(cfg: RunConfig) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-MODES = ("none", "lz4", "delta-lz4")
+from ..config import OBS_COMPRESSIONS
 
 
 def _lz4():
@@ -31,8 +31,8 @@ class ObsWire:
 
     def __init__(self, mode: str, codec, n: int):
         """codec: protocol.obs_codec(spec) (its images field first, after the header); n samples."""
-        if mode not in MODES[1:]:
-            raise ValueError(f"runtime.obs_compression={mode!r}: use one of {', '.join(MODES)}")
+        if mode not in OBS_COMPRESSIONS[1:]:
+            raise ValueError(f"runtime.obs_compression={mode!r}: use one of {', '.join(OBS_COMPRESSIONS)}")
         name, _, _, self.img_off, self.img_bytes = codec.layout(n)[0]
         assert name == "images", codec
         self.buf_bytes = codec.nbytes(n)

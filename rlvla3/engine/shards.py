@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from ..config import SHARD_CODECS
 from . import faults
 
 SCHEMA_VERSION = 2
@@ -126,7 +127,6 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
 # compressing a frame on an overlay filesystem. Metadata this writer would not write is read
 # through zarr-python.
 ZSTD_LEVEL = 1
-CODECS = ("zstd", "none")
 
 
 def _zstd():
@@ -193,7 +193,7 @@ def read_array(group: Path, key: str) -> np.ndarray:
     (a shard written by zarr-python, say) through zarr-python."""
     meta = json.loads((group / key / "zarr.json").read_text())
     a = np.empty(meta["shape"], np.dtype(meta["data_type"]))
-    codec = next((c for c in CODECS if meta == array_meta(a, c)), None)
+    codec = next((c for c in SHARD_CODECS if meta == array_meta(a, c)), None)
     if codec is None:
         return zarr.open_array(str(group / key), mode="r")[...]
     chunk = group / key / chunk_key(a.ndim)

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from ..engine.obs_compression import MODES, ObsWire
+from ..config import OBS_COMPRESSIONS
+from ..engine.obs_compression import ObsWire
 from ..engine.protocol import obs_codec
 from ..world import spec
 from .bench_shards import rendered_images
@@ -35,7 +36,7 @@ def obs_bench(a) -> list[dict]:
     print(f"request: {n} envs x {len(cfg.env.cameras)} cameras at {cfg.env.image_size}^2, {T} consecutive steps, "
           f"{buf.nbytes / 1e3:.0f} KB raw")
     print(f"{'mode':10s} {'KB/request':>10s} {'of raw':>7s} {'encode ms':>9s} {'decode ms':>9s} {'pays below MB/s':>15s}")
-    for mode in MODES:
+    for mode in OBS_COMPRESSIONS:
         sizes, enc, dec = [], [], []
         for _ in range(a.repeats):
             send = receive = None

@@ -85,12 +85,15 @@ def parse_cameras(text: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
-def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0):
+def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0,
+          lr_decay: bool = False):
     """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history). The
     expert's action chunks are turned into the policy's own sample (token ids, a Gaussian's mean
-    or a chain) by the policy, with a released checkpoint's own action normalisation."""
+    or a chain) by the policy, with a released checkpoint's own action normalisation. `lr_decay`:
+    the learning rate falls linearly to 0 at the last step (the RL runs' schedule, algo.lr_at)."""
     import torch
 
+    from ..algo import lr_at
     from ..policies import make_policy
     from ..policies.base import pick_device
     from ..policies.lora import trainable
@@ -110,6 +113,8 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     t = {k: torch.from_numpy(v) for k, v in rows.items()}
     history, every, t0 = [], max(1, steps // 10), time.time()
     for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(lr, step + 1, 0, steps, lr_decay)
         idx = torch.from_numpy(rng.integers(0, len(rows["sample"]), batch))
         mb = [t[k][idx].to(device) for k in ("images", "proprio", "tokens", "sample", "actions")]
         loss = policy.bc_loss(*mb).mean()
@@ -142,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps")
     ap.add_argument("--batch", type=int, default=64, help="rows per step")
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    ap.add_argument("--lr-decay", action="store_true",
+                    help="decay the learning rate linearly to 0 at the last step (a longer SFT ends lower)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads (default: every core; SFT is one process, unlike a run's ranks)")
     ap.add_argument("--out", default="sft.pt", help="the checkpoint to write (policy.init_from of the RL run)")
@@ -155,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
     rows = load_rows(Path(a.demos), cfg, parse_cameras(a.cameras))
     t0 = time.time()
-    policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed)
+    policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": policy.state_dict(), "sft": {"demos": str(a.demos), "rows": len(rows["actions"]),
-                                                      "steps": a.steps, "loss": hist}}, out)
+                                                      "steps": a.steps, "lr": a.lr,
+                                                      "lr_decay": a.lr_decay, "loss": hist}}, out)
     keep_state_record(Path(a.demos), out)
     k = max(1, len(hist) // 10)
     print(f"SFT {cfg.policy.name}: {len(rows['actions'])} demonstration rows, {a.steps} steps in {time.time() - t0:.0f}s; "
