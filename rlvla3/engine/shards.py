@@ -129,7 +129,7 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
 ZSTD_LEVEL = 1
 
 
-def _zstd():
+def zstd_codec():
     from numcodecs import Zstd  # zarr's own zstd (numcodecs), so the frames are the ones zarr writes
 
     return Zstd(level=ZSTD_LEVEL)
@@ -167,7 +167,7 @@ def pays_to_compress(a: np.ndarray) -> bool:
         return True
     mid = raw.nbytes // 2
     probe = raw[mid - PROBE_BYTES // 2: mid + PROBE_BYTES // 2]
-    return len(_zstd().encode(probe)) <= (1 - PROBE_MIN_SAVING) * probe.nbytes
+    return len(zstd_codec().encode(probe)) <= (1 - PROBE_MIN_SAVING) * probe.nbytes
 
 
 def write_array(group: Path, key: str, a: np.ndarray, codec: str = "zstd") -> None:
@@ -185,7 +185,7 @@ def write_array(group: Path, key: str, a: np.ndarray, codec: str = "zstd") -> No
     if a.nbytes <= FILL_CHECK_BYTES and not a.view(np.uint8).any():   # every fill value is zero bytes (array_meta)
         return
     with open(folder / chunk_key(a.ndim), "wb") as f:
-        f.write(_zstd().encode(a) if codec == "zstd" else memoryview(a).cast("B"))
+        f.write(zstd_codec().encode(a) if codec == "zstd" else memoryview(a).cast("B"))
 
 
 def read_array(group: Path, key: str) -> np.ndarray:
@@ -200,7 +200,7 @@ def read_array(group: Path, key: str) -> np.ndarray:
     if not chunk.exists():   # a writer that skips chunks holding only the fill value (zarr-python's default)
         a[...] = meta["fill_value"]
     elif codec == "zstd":
-        _zstd().decode(chunk.read_bytes(), out=a)
+        zstd_codec().decode(chunk.read_bytes(), out=a)
     else:
         with open(chunk, "rb") as f:
             f.readinto(memoryview(a).cast("B"))

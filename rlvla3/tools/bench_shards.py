@@ -95,18 +95,24 @@ def one_kind(label: str, arrays: dict, repeats: int, root: Path) -> list[dict]:
         root_ = zarr.open_group(str(d / f"zp{i}"), mode="r")
         return {k: root_[k][...] for k in arrays}
 
+    def zstd_alone(i):
+        # what the default codec's compression costs with no file at all: the floor of "shard write"
+        return [shards.zstd_codec().encode(a) for a in arrays.values() if shards.pays_to_compress(a)]
+
     raw = lambda i: shards.shard_name(1, 0, i)   # noqa: E731
     writes = [("np.save", np_save), ("shard write", lambda i: shards.write_shard(d, name(i), arrays, boot, {})),
               ("shard write, none", lambda i: shards.write_shard(d, raw(i), arrays, boot, {}, "none")),
+              ("zstd alone, no I/O", zstd_alone),
               ("zarr-python write", lambda i: zarr_python_write(d / f"zp{i}", arrays, boot))]
     reads = [("np.load", np_load), ("shard read", lambda i: shards.read_shard(d / name(i))),
              ("shard read, none", lambda i: shards.read_shard(d / raw(i))), ("zarr-python read", zarr_python_read)]
     times = {**timed(writes, repeats), **timed(reads, repeats)}
+    write_ops = {op for op, _ in writes}
     rows = []
     for op, (cpu, wall) in times.items():
         rows.append({"images": label, "op": op, "cpu_ms": cpu * 1e3, "wall_ms": wall * 1e3, "mb_per_s": mb / wall, "raw_mb": mb})
     for r in rows:
-        ref = next(x for x in rows if x["op"] == ("np.save" if "write" in r["op"] or r["op"] == "np.save" else "np.load"))
+        ref = next(x for x in rows if x["op"] == ("np.save" if r["op"] in write_ops else "np.load"))
         r["x_numpy"] = ref["wall_ms"] / r["wall_ms"]
         r["x_numpy_cpu"] = ref["cpu_ms"] / r["cpu_ms"]
     rows[0]["disk_mb"], rows[1]["disk_mb"], rows[2]["disk_mb"] = (disk_mb(d / f) for f in ("np0", name(0), raw(0)))
