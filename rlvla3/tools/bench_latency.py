@@ -50,9 +50,10 @@ WARMUP = 5   # requests left out per Simulator
 TOPOLOGIES = {"1+1": (1, 1, 5.0), "16+4": (16, 4, 80.0)}
 """Simulators, Generators, env step (ms): both offer this machine ~200 requests/s (16 Simulators
 at 5 ms would keep 2 cores saturated, and the rows would measure the run queue, not the path)."""
-WAKES = {"sleep": ["runtime.wake=sleep"], "doorbell": ["runtime.wake=doorbell"],
+WAKE_ROWS = {"sleep": ["runtime.wake=sleep"], "doorbell": ["runtime.wake=doorbell"],
          "doorbell+expect": ["runtime.wake=doorbell", "runtime.expect_spin_us=500"],
          "doorbell+spin": ["runtime.wake=doorbell", "runtime.spin_us={spin_us}"]}
+"""The benchmark's wake rows (--wakes) and their overrides: runtime.wake (config.WAKES) and its spin options."""
 
 
 def workload(sims: int, gens: int, step_ms: float, requests: int) -> list[str]:
@@ -95,9 +96,9 @@ def measure(run: Path, overrides: list[str], timeout: float) -> dict:
 def latency_bench(a) -> list[dict]:
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-latency-"))
     wakes = a.wakes.split(",")
-    bad = [w for w in wakes if w not in WAKES]
+    bad = [w for w in wakes if w not in WAKE_ROWS]
     if bad:
-        raise SystemExit(f"--wakes {','.join(bad)}: use any of {','.join(WAKES)}")
+        raise SystemExit(f"--wakes {','.join(bad)}: use any of {','.join(WAKE_ROWS)}")
     unknown = [t for t in a.topologies.split(",") if t not in TOPOLOGIES]
     if unknown:
         raise SystemExit(f"--topologies {','.join(unknown)}: use any of {','.join(TOPOLOGIES)}")
@@ -110,7 +111,7 @@ def latency_bench(a) -> list[dict]:
         sims, gens, _ = TOPOLOGIES.get(topo, (1, 1, 0.0))
         requests = a.requests if topo != "idle" else max(50, int(a.idle_seconds * 1e3 / step_ms))
         for wake in wakes:
-            ov = [*workload(sims, gens, step_ms, requests), *(o.format(spin_us=a.spin_us) for o in WAKES[wake]), *a.overrides]
+            ov = [*workload(sims, gens, step_ms, requests), *(o.format(spin_us=a.spin_us) for o in WAKE_ROWS[wake]), *a.overrides]
             r = {"topology": topo, "wake": wake, "step_ms": step_ms,
                  **measure(root / f"{topo.replace('+', 'p')}-{wake.replace('+', '-')}", ov, a.timeout)}
             rows.append(r)
