@@ -112,6 +112,27 @@ def test_chunks_are_consecutive_actions_padded_at_episode_ends():
     assert c[:, 1].tolist() == [[10, 11, 12], [11, 12, 13], [12, 13, 14], [13, 14, 15], [14, 15, 15], [15, 15, 15]]
 
 
+def test_random_shift_moves_each_image_by_its_own_offset_repeating_the_edges():
+    import numpy as np
+    import torch
+
+    from rlvla3.tools.sft import random_shift
+
+    x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (16, 2, 8, 8, 3), dtype=np.uint8))
+    gen = torch.Generator().manual_seed(1)
+    assert random_shift(x, 0, gen) is x
+    y = random_shift(x, 2, gen)
+    offsets = []
+    for b in range(16):
+        for cam in range(2):
+            moved = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
+                     if torch.equal(y[b, cam], x[b, cam][np.clip(np.arange(8) + dy, 0, 7)][:, np.clip(np.arange(8) + dx, 0, 7)])]
+            assert len(moved) == 1, (b, cam)
+            offsets.append(moved[0])
+    assert len(set(offsets)) > 10                              # 32 images, 25 offsets: not one shared shift
+    assert any(a != b for a, b in zip(offsets[::2], offsets[1::2]))   # a row's cameras move independently
+
+
 @needs_mpi
 @pytest.mark.slow
 def test_chunked_sft_from_one_step_demonstrations(tmp_path):
@@ -124,9 +145,13 @@ def test_chunked_sft_from_one_step_demonstrations(tmp_path):
 
     run("rlvla3.collect", "+experiment=toy", "--episodes", "16", "--out", str(tmp_path / "demos"))
     out = run("rlvla3.sft", "--demos", str(tmp_path / "demos"), "+experiment=toy", "policy.chunk=2", "--steps", "60",
-              "--out", str(tmp_path / "sft2.pt"))
-    hist = torch.load(tmp_path / "sft2.pt", weights_only=True)["sft"]["loss"]
-    assert sum(hist[-10:]) < sum(hist[:10]), out.stdout
+              "--shift", "1", "--out", str(tmp_path / "sft2.pt"))
+    record = torch.load(tmp_path / "sft2.pt", weights_only=True)["sft"]
+    hist = record["loss"]
+    assert sum(hist[-10:]) < sum(hist[:10]) and record["shift"] == 1, out.stdout
+    bad = subprocess.run([sys.executable, "-m", "rlvla3.sft", "--demos", str(tmp_path / "demos"), "+experiment=toy",
+                          "--shift", "11", "--out", str(tmp_path / "bad.pt")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--shift 11" in bad.stderr and not (tmp_path / "bad.pt").exists()
     cfg = compose(["+experiment=toy", "policy.chunk=2"])
     load_init(make_policy(cfg, spec(cfg)), str(tmp_path / "sft2.pt"))   # an RL run with chunk 2 starts from it
 

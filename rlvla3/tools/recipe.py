@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-episodes", type=int, default=16, help="expert episodes to collect (at least)")
     ap.add_argument("--sft-steps", type=int, default=40, help="SFT optimizer steps (few: a modest warm start)")
     ap.add_argument("--sft-lr-decay", action="store_true", help="SFT's learning rate decays linearly to 0 (sft --lr-decay)")
+    ap.add_argument("--sft-shift", type=int, default=0, help="SFT's random-shift augmentation in pixels (sft --shift)")
     ap.add_argument("--versions", type=int, default=20, help="RL versions per mode")
     ap.add_argument("--eval-episodes", type=int, default=208,
                     help="evaluation episodes per checkpoint (LIBERO: the protocol's fixed states, at most 50 a task)")
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         step(["rlvla3.collect", "--episodes", str(a.demo_episodes), "--out", str(out / "demos"), *ov], out / "collect.log")
     if not (a.resume and (out / "sft.pt").is_file()):
         step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps),
-              *(["--lr-decay"] if a.sft_lr_decay else []), "--out", str(out / "sft.pt"), *ov],
+              *(["--lr-decay"] if a.sft_lr_decay else []), "--shift", str(a.sft_shift), "--out", str(out / "sft.pt"), *ov],
              out / "sft.log")
     result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov, cfg), "rl": {}}
     for mode in [m for m in a.modes.split(",") if m]:

@@ -85,12 +85,31 @@ def parse_cameras(text: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
+def random_shift(images, shift: int, gen):
+    """Each image of a batch [B, cameras, H, W, C] moved by its own random offset of up to `shift`
+    pixels in each direction, the edge pixels repeated into the gap (DrQ's random shift). Cloning
+    a hundred demonstrations from pixels overfits to where things sit in them exactly; shifted
+    copies make the policy read positions relative to what it sees. 0 returns `images` itself."""
+    import torch
+
+    if shift == 0:
+        return images
+    b, cams, h, w, c = images.shape
+    n = b * cams
+    dy, dx = (torch.randint(-shift, shift + 1, (2, n), generator=gen))
+    rows = (torch.arange(h)[None] + dy[:, None]).clamp(0, h - 1)      # [n, H]: source row of each output row
+    cols = (torch.arange(w)[None] + dx[:, None]).clamp(0, w - 1)
+    flat = images.reshape(n, h, w, c)
+    return flat[torch.arange(n)[:, None, None], rows[:, :, None], cols[:, None, :]].reshape(images.shape)
+
+
 def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0,
-          lr_decay: bool = False):
+          lr_decay: bool = False, shift: int = 0):
     """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history). The
     expert's action chunks are turned into the policy's own sample (token ids, a Gaussian's mean
     or a chain) by the policy, with a released checkpoint's own action normalisation. `lr_decay`:
-    the learning rate falls linearly to 0 at the last step (the RL runs' schedule, algo.lr_at)."""
+    the learning rate falls linearly to 0 at the last step (the RL runs' schedule, algo.lr_at).
+    `shift`: each batch's images randomly shifted by up to that many pixels (random_shift)."""
     import torch
 
     from ..algo import lr_at
@@ -110,13 +129,15 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     params = trainable(policy)   # a pretrained folder: its LoRA adapters and heads (policy.lora_rank)
     opt = torch.optim.Adam(params, lr=lr)
     rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
     t = {k: torch.from_numpy(v) for k, v in rows.items()}
     history, every, t0 = [], max(1, steps // 10), time.time()
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(lr, step + 1, 0, steps, lr_decay)
         idx = torch.from_numpy(rng.integers(0, len(rows["sample"]), batch))
-        mb = [t[k][idx].to(device) for k in ("images", "proprio", "tokens", "sample", "actions")]
+        mb = [random_shift(t["images"][idx], shift, gen).to(device),
+              *(t[k][idx].to(device) for k in ("proprio", "tokens", "sample", "actions"))]
         loss = policy.bc_loss(*mb).mean()
         opt.zero_grad()
         loss.backward()
@@ -149,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
     ap.add_argument("--lr-decay", action="store_true",
                     help="decay the learning rate linearly to 0 at the last step (a longer SFT ends lower)")
+    ap.add_argument("--shift", type=int, default=0,
+                    help="random-shift augmentation: move each image up to this many pixels (4 for 64x64 "
+                         "images, as DrQ does for 84x84); 0 = none")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads (default: every core; SFT is one process, unlike a run's ranks)")
     ap.add_argument("--out", default="sft.pt", help="the checkpoint to write (policy.init_from of the RL run)")
@@ -162,12 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
     rows = load_rows(Path(a.demos), cfg, parse_cameras(a.cameras))
     t0 = time.time()
-    policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay)
+    most = min(rows["images"].shape[2:4]) // 2 - 1   # beyond half the side an image is mostly repeated edge
+    if not 0 <= a.shift <= most:
+        raise SystemExit(f"--shift {a.shift}: give 0 (none) to {most} pixels for these images; 4 suits 64x64")
+    policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay, a.shift)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": policy.state_dict(), "sft": {"demos": str(a.demos), "rows": len(rows["actions"]),
                                                       "steps": a.steps, "lr": a.lr,
-                                                      "lr_decay": a.lr_decay, "loss": hist}}, out)
+                                                      "lr_decay": a.lr_decay, "shift": a.shift, "loss": hist}}, out)
     keep_state_record(Path(a.demos), out)
     k = max(1, len(hist) // 10)
     print(f"SFT {cfg.policy.name}: {len(rows['actions'])} demonstration rows, {a.steps} steps in {time.time() - t0:.0f}s; "
