@@ -96,7 +96,7 @@ def random_shift(images, shift: int, gen):
         return images
     b, cams, h, w, c = images.shape
     n = b * cams
-    dy, dx = (torch.randint(-shift, shift + 1, (2, n), generator=gen))
+    dy, dx = torch.randint(-shift, shift + 1, (2, n), generator=gen)
     rows = (torch.arange(h)[None] + dy[:, None]).clamp(0, h - 1)      # [n, H]: source row of each output row
     cols = (torch.arange(w)[None] + dx[:, None]).clamp(0, w - 1)
     flat = images.reshape(n, h, w, c)
@@ -183,12 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..cluster.compose import compose
 
     cfg = compose(a.overrides)
+    most = cfg.env.image_size // 2 - 1   # beyond half the side an image is mostly repeated edge
+    if not 0 <= a.shift <= most:   # before the demonstrations load (LIBERO's: hundreds of MB)
+        raise SystemExit(f"--shift {a.shift}: give 0 (none) to {most} pixels for env.image_size="
+                         f"{cfg.env.image_size}; 4 suits 64x64")
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
     rows = load_rows(Path(a.demos), cfg, parse_cameras(a.cameras))
     t0 = time.time()
-    most = min(rows["images"].shape[2:4]) // 2 - 1   # beyond half the side an image is mostly repeated edge
-    if not 0 <= a.shift <= most:
-        raise SystemExit(f"--shift {a.shift}: give 0 (none) to {most} pixels for these images; 4 suits 64x64")
     policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay, a.shift)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
