@@ -132,23 +132,38 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: 
     L_pi = -w * min(r * A, clip(r, 1 - eps, 1 + eps) * A)
     L = L_pi + vf_coef * 0.5 * (V - R)^2 - ent_coef * H + kl_coef * KL_k3(pi || pi_ref)
     With fresh samples pi_prox = pi_behav, so w = 1 and this is standard PPO.
+
+    Token ratios (algo.ratio=token): `logp` and `logp_prox` are per action token [n, T]; each
+    token gets its own ratio r_t, clipped on its own, and L_pi sums the tokens' surrogates (at
+    r = 1 its gradient is the sequence ratio's: sum_t A grad log pi_t). A sample's ratio is the
+    product of its T tokens' ratios, so with T = 56 a clip of 0.2 on the product stops a sample
+    once its tokens moved ~0.3% each on average; per token, each stops only itself. w stays one
+    weight per sample (the behaviour policy's log-prob is stored summed).
     """
-    m = torch.ones_like(logp) if weight is None else weight
+    m = torch.ones_like(logp_behav) if weight is None else weight
+    per_token = logp.dim() == 2
+
+    def per_sample(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1) if per_token else x
+
     # Padding rows (m = 0) hold log-probs of samples nobody drew (grpo: a segment padded after
     # its episodes ended): their ratios are set to 1 so that an exp overflow there cannot put
     # 0 * inf = NaN into the loss or the diagnostics.
     keep = m > 0
-    log_ratio = torch.where(keep, logp - logp_prox, 0.0)
+    keep_t = keep[:, None] if per_token else keep
+    log_ratio = torch.where(keep_t, logp - logp_prox, 0.0)
     ratio = torch.exp(log_ratio)
-    w = torch.exp(torch.where(keep, logp_prox - logp_behav, 0.0)).clamp(max=behaviour_clip).detach()
-    surr = torch.minimum(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
+    w = torch.exp(torch.where(keep, per_sample(logp_prox) - logp_behav, 0.0)).clamp(max=behaviour_clip).detach()
+    adv_t = adv[:, None] if per_token else adv
+    surr = per_sample(torch.minimum(ratio * adv_t, ratio.clamp(1 - clip, 1 + clip) * adv_t))
     l_pi = -(m * w * surr).sum()
     l_v = 0.5 * (m * (value - ret) ** 2).sum()
     h = (m * entropy).sum()
     total = l_pi + vf_coef * l_v - ent_coef * h
     if kl_coef > 0:
-        total = total + kl_coef * (m * kl_k3(logp, logp_ref)).sum()
+        total = total + kl_coef * (m * kl_k3(per_sample(logp), logp_ref)).sum()
     with torch.no_grad():
-        clip_frac = (m * ((ratio - 1).abs() > clip).float()).sum()
-        approx_kl = (m * (torch.expm1(log_ratio) - log_ratio)).sum()
+        clipped = ((ratio - 1).abs() > clip).float()
+        clip_frac = (m * (clipped.mean(-1) if per_token else clipped)).sum()   # per token: the share of tokens
+        approx_kl = (m * per_sample(torch.expm1(log_ratio) - log_ratio)).sum()
     return LossTerms(total, l_pi.detach(), l_v.detach(), h.detach(), clip_frac, (m * w).sum(), approx_kl)

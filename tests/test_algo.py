@@ -90,6 +90,48 @@ def test_gradient_flows_only_through_current_policy():
     assert logp.grad is not None and torch.all(logp.grad != 0)
 
 
+def test_token_ratios_match_a_per_token_loop_and_clip_each_token_on_its_own():
+    """algo.ratio=token: each action token's ratio is clipped on its own, the behaviour weight
+    stays one per sample; at r = 1 the gradient is the sequence ratio's."""
+    g = torch.Generator().manual_seed(1)
+    n, T = 16, 7
+    logp = torch.randn(n, T, generator=g) * 0.3 - 1
+    prox = logp + torch.randn(n, T, generator=g) * 0.3
+    behav = prox.sum(-1) + torch.randn(n, generator=g) * 0.5
+    adv, value, ret, ent = (torch.randn(n, generator=g) for _ in range(4))
+    clip, c = 0.2, 2.0
+    terms = decoupled_ppo_loss(logp, prox, behav, adv, value, ret, ent, clip, c, 0.0, 0.0)
+    total = clipped = 0.0
+    for i in range(n):
+        w = min(math.exp(float(prox[i].sum() - behav[i])), c)
+        for t in range(T):
+            r = math.exp(float(logp[i, t] - prox[i, t]))
+            total += -w * min(r * float(adv[i]), min(max(r, 1 - clip), 1 + clip) * float(adv[i]))
+            clipped += (abs(r - 1) > clip) / T
+    assert np.isclose(float(terms.total), total, rtol=1e-5)
+    assert np.isclose(float(terms.clip_frac), clipped, rtol=1e-5)
+
+    # On-policy (r = 1 everywhere): each token's gradient is the sequence loss's gradient of the sum.
+    tok = logp.clone().requires_grad_(True)
+    seq = logp.sum(-1).clone().requires_grad_(True)
+    z = torch.zeros(n)
+    decoupled_ppo_loss(tok, logp, logp.sum(-1), adv, z, z, z, clip, c, 0.0, 0.0).total.backward()
+    decoupled_ppo_loss(seq, logp.sum(-1), logp.sum(-1), adv, z, z, z, clip, c, 0.0, 0.0).total.backward()
+    torch.testing.assert_close(tok.grad, seq.grad[:, None].expand(n, T))
+
+    # One token of a positive-advantage sample moved past 1 + clip: only that token stops. The
+    # sequence ratio of the same sample (the product) is past the clip too and stops all of them.
+    moved = torch.zeros(1, T)
+    moved[0, 2] = math.log(1.5)
+    tok = moved.clone().requires_grad_(True)
+    seq = moved.sum(-1).clone().requires_grad_(True)
+    one, zero1 = torch.ones(1), torch.zeros(1)
+    decoupled_ppo_loss(tok, torch.zeros(1, T), zero1, one, zero1, zero1, zero1, clip, c, 0.0, 0.0).total.backward()
+    decoupled_ppo_loss(seq, zero1, zero1, one, zero1, zero1, zero1, clip, c, 0.0, 0.0).total.backward()
+    assert tok.grad[0, 2] == 0 and (tok.grad[0, [0, 1, 3, 4, 5, 6]] == -1).all()
+    assert seq.grad[0] == 0
+
+
 def vtrace_reference(r, v, term, trunc, boot, log_rho, gamma, rho_clip, c_clip):
     """IMPALA's definition written out: v_s = V(x_s) + sum_t gamma^(t-s) (prod_{i<t} c_i) delta_t,
     summed until the episode or the segment ends."""

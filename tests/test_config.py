@@ -32,10 +32,21 @@ from rlvla3.world import derive, sharding_plan
     ("policy.pretrained=/nonexistent", "policy.pretrained"),
     ("policy.lora_rank=-1", "policy.lora_rank"),
     ("runtime.wandb_mode=onlin", "runtime.wandb_mode"),
+    ("algo.ratio=tokens", "algo.ratio"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         derive(compose(["+experiment=toy", override]))
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["policy=pi05", "policy.patch=3"], "policy.name=pi05 samples a continuous chunk"),
+    (["algo=vtrace"], "vtrace weighs whole samples"),
+])
+def test_token_ratios_need_a_token_family_and_ppo_or_grpo(overrides, says):
+    with pytest.raises(ConfigError, match=f"algo.ratio.*{says}"):
+        derive(compose(["+experiment=toy", "algo.ratio=token", *overrides]))
+    derive(compose(["+experiment=toy", "algo.ratio=token", "algo=grpo"]))   # a token family with grpo: fine
 
 
 def test_colocated_needs_equal_generator_and_trainer_ranks():

@@ -19,6 +19,8 @@ LOGP_TOL = 1e-3
 # published layouts: tests/test_openvla_released.py, test_pi0_pretrained.py, test_pi05.py, test_openvla_oft.py)
 FAMILIES = {
     "tiny_chunk2": ["policy.chunk=2"],
+    # Token ratios: the Trainer's per-token π_prox forward, summed, must match the Generator's log-prob.
+    "tiny_token_ratio": ["policy.chunk=2", "algo.ratio=token"],
     "openvla_parallel_qwen2": ["policy=openvla", "policy.patch=3", "policy.chunk=2"],
 }
 

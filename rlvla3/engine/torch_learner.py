@@ -41,7 +41,7 @@ class Rows:
     sample: torch.Tensor      # what the policy sampled (token ids or denoising chain)
     valid: torch.Tensor       # float 1/0: the row is a decision (grpo: 0 after an episode ended)
     logp_behav: torch.Tensor
-    logp_prox: torch.Tensor   # NaN until computed (only needed for stale rows)
+    logp_prox: torch.Tensor   # NaN until computed; [n] or, with algo.ratio=token, per token [n, T]
     adv: torch.Tensor
     ret: torch.Tensor
     versions: torch.Tensor
@@ -69,9 +69,10 @@ def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
     else:
         adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], algo.gamma,
                        algo.gae_lambda)
-    lb = flat(a["logprobs"])
-    return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), flat(a["sample"]),
-                flat(a["valid"]).float(), lb, torch.full_like(lb, float("nan")), flat(adv), flat(ret),
+    lb, sample = flat(a["logprobs"]), flat(a["sample"])
+    prox_shape = sample.shape[:2] if algo.ratio == "token" else lb.shape
+    return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), sample,
+                flat(a["valid"]).float(), lb, torch.full(prox_shape, float("nan")), flat(adv), flat(ret),
                 flat(a["versions"]), segment)
 
 
@@ -362,22 +363,30 @@ class TorchLearner:
             return None
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
-    def _prox_eval(self, rows: Rows, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """log π_prox and V_prox of rows `idx` (no gradient), in micro-batches."""
+    def _prox_eval(self, rows: Rows, idx: torch.Tensor, per_token: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """log π_prox (per_token: of each action token) and V_prox of rows `idx` (no gradient),
+        in micro-batches."""
         logps, values = [], []
         mb = self.cfg.algo.micro_batch
+        by_token = {"per_token": True} if per_token else {}   # only token families take the flag
         with torch.no_grad():
             for i in range(0, len(idx), mb):
                 j = idx[i:i + mb]
-                lp, _, v = self.prox.evaluate(*(getattr(rows, k)[j].to(self.device) for k in ("images", "proprio", "tokens", "sample")))
+                lp, _, v = self.prox.evaluate(*(getattr(rows, k)[j].to(self.device) for k in ("images", "proprio", "tokens", "sample")),
+                                              **by_token)
                 logps.append(lp.cpu())
                 values.append(v.cpu())
         return torch.cat(logps), torch.cat(values)
 
     def _fill_prox(self, rows: Rows, start: int, stop: int) -> None:
         """log π_prox for rows [start, stop): the behaviour log-prob for fresh rows (produced by
-        this very version), the frozen step-start model for stale ones (computed once, cached)."""
+        this very version), the frozen step-start model for stale ones (computed once, cached).
+        Token ratios need each token's log-prob, which the Generator does not store: every row's
+        comes from the step-start model."""
         sl = slice(start, stop)
+        if self.cfg.algo.ratio == "token":
+            self._fill_token_prox(rows, start, stop)
+            return
         todo = torch.isnan(rows.logp_prox[sl])
         if not todo.any():
             return
@@ -388,6 +397,16 @@ class TorchLearner:
         stale = torch.nonzero(todo & ~fresh)[:, 0] + start
         if len(stale):
             rows.logp_prox[stale] = self._prox_eval(rows, stale)[0]
+
+    def _fill_token_prox(self, rows: Rows, start: int, stop: int) -> None:
+        todo = torch.nonzero(torch.isnan(rows.logp_prox[start:stop, 0]))[:, 0] + start
+        if not len(todo):
+            return
+        rows.logp_prox[todo] = self._prox_eval(rows, todo, per_token=True)[0]
+        fresh = todo[rows.versions[todo] >= self.version]
+        if self.cfg.algo.check_logprobs and len(fresh):   # the same forward serves the check
+            diff = float((rows.logp_prox[fresh].sum(-1) - rows.logp_behav[fresh]).abs().max())
+            self.metrics.scalar("logp_diff_max", diff, rows=len(fresh), version=self.version)
 
     def _check_logprobs(self, rows: Rows, fresh: torch.Tensor) -> None:
         """π_prox holds exactly the weights that produced fresh rows: their log-probs recomputed
@@ -424,7 +443,8 @@ class TorchLearner:
 
     def _loss(self, mb):
         a = self.cfg.algo
-        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["sample"])
+        by_token = {"per_token": True} if a.ratio == "token" else {}
+        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["sample"], **by_token)
         logp_behav = mb["logp_prox"] if a.name == "vtrace" else mb["logp_behav"]
         logp_ref = None
         if self.ref is not None:

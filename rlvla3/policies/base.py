@@ -7,6 +7,7 @@ action token ids, or a denoising chain) and a value estimate V(s):
   never on which other samples share the batch; returns (sample, log pi(sample|s), V(s));
 - `evaluate(obs, sample)` returns log pi(sample|s), entropy and V(s) with gradients, for the
   Trainer (log pi of the same weights must match `act`'s: algo.check_logprobs measures it);
+  token families also give each action token's log pi (`per_token=True`, algo.ratio=token);
 - `to_env_action(sample)` maps a sample to the env's action chunk [n, K, D] in [-1, 1].
 
 `TokenPolicy` is the discrete-token case (OpenVLA-style bins): a family gives per-token logits
@@ -59,10 +60,14 @@ def gumbel_argmax(logp_all: torch.Tensor, uniform_noise: torch.Tensor) -> torch.
     return torch.argmax(logp_all + gumbel, -1)
 
 
-def token_logp_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum over action tokens of log p(token) and of the per-token entropy: [n], [n]."""
+def token_logp_entropy(logits: torch.Tensor, tokens: torch.Tensor,
+                       per_token: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p of the action tokens summed over them [n] (per_token: each token's [n, T]) and the
+    summed per-token entropy [n]."""
     logp_all = torch.log_softmax(logits.float(), -1)
-    logp = logp_all.gather(-1, tokens.long()[..., None])[..., 0].sum(-1)
+    logp = logp_all.gather(-1, tokens.long()[..., None])[..., 0]
+    if not per_token:
+        logp = logp.sum(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1).sum(-1)
     return logp, entropy
 
@@ -81,10 +86,11 @@ class TokenPolicy(Policy):
         logp, _ = token_logp_entropy(logits, tok)
         return tok.to(torch.int32), logp, value.float()
 
-    def evaluate(self, images, proprio, tokens, sample):
-        """log pi(a|s) [n] (summed over action tokens), entropy [n], V(s) [n]."""
+    def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
+        """log pi(a|s) [n] (summed over action tokens; per_token: each token's [n, K*D]),
+        entropy [n], V(s) [n]."""
         logits, value = self.logits_and_value(images, proprio, tokens)
-        logp, entropy = token_logp_entropy(logits, sample)
+        logp, entropy = token_logp_entropy(logits, sample, per_token)
         return logp, entropy, value.float()
 
 

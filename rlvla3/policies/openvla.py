@@ -149,9 +149,9 @@ class OpenVLA(TokenPolicy):
             raise RuntimeError("autoregressive decoding has no single-forward logits; use act/evaluate")
         return self._logits_and_value(images, proprio, tokens)
 
-    def evaluate(self, images, proprio, tokens, sample):
+    def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
         logits, value = self._logits_and_value(images, proprio, tokens, sample)
-        logp, entropy = token_logp_entropy(logits, sample)
+        logp, entropy = token_logp_entropy(logits, sample, per_token)
         return logp, entropy, value.float()
 
     @torch.no_grad()
