@@ -80,3 +80,17 @@ def run_logprob_check(tmp_path: Path, overrides: list[str], what: str, tol: floa
     print(f"{what}: logp_diff_max {max(diffs):.2e} over {len(diffs)} checks")
     assert max(diffs) <= tol, f"{what}: Trainer vs Generator log-prob differ by up to {max(diffs):.2e}"
     return run
+
+
+def replace_entry(shard: Path, name: str, data: bytes) -> None:
+    """Rewrite one entry of a shard file (a zip of zarr 3 entries), the others as they were: how
+    the tests tear or edit a published shard."""
+    import zipfile
+
+    with zipfile.ZipFile(shard) as zf:
+        kept = {i.filename: zf.read(i) for i in zf.infolist()}
+    kept[name] = data
+    with zipfile.ZipFile(shard, "w", zipfile.ZIP_STORED) as zf:
+        for n, b in kept.items():
+            zf.writestr(n, b)
+

@@ -10,7 +10,7 @@ from rlvla3 import config
 from rlvla3.cluster.compose import compose
 from rlvla3.engine import checkpoints, shards
 from rlvla3.engine.inprocess import InProcessRun
-from tests.conftest import EMULATED_FAST, check_every_shard_consumed_once
+from tests.conftest import EMULATED_FAST, check_every_shard_consumed_once, replace_entry
 
 
 def run(run_dir: Path, versions: int, *extra, resume: bool = False) -> InProcessRun:
@@ -82,7 +82,7 @@ def test_d9_a_rescanned_shard_with_broken_attributes_is_quarantined(tmp_path):
     run(tmp_path, 2)
     (tmp_path / "ckpt" / "v000002.pt").unlink()          # resume from v1: step 1 is trained again
     victim = next(n for n in shards.scan(tmp_path / "shards") if shards.parse_name(n)[0] == 1)
-    (tmp_path / "shards" / victim / "zarr.json").write_text("{")
+    replace_entry(tmp_path / "shards" / victim, "zarr.json", b"{")
     run(tmp_path, 3, resume=True)
     assert versions_done(tmp_path) == 3
     assert any(p.name.startswith(victim) for p in (tmp_path / "shards" / ".bad").iterdir())
@@ -147,7 +147,6 @@ def test_d4_sync_resume_with_groups_a_segment_apart_finishes(tmp_path):
     waited for every group, but group 0's request (next step) is held for credits the Trainer
     gives only after group 1's segment; and the Simulator's send gate waited for group 0 to be
     ready again. Both hung forever, and again after every requeue."""
-    import shutil
 
     sync = ["mode=sync"]
     run(tmp_path, 2, *sync)
@@ -158,10 +157,8 @@ def test_d4_sync_resume_with_groups_a_segment_apart_finishes(tmp_path):
     ahead_step = (seq + 1) // segments_per_step
     assert ahead_step == step + 1, "the test needs the extra segment to open the next rollout step"
     ahead = shards.shard_name(ahead_step, gid, seq + 1)
-    shutil.copytree(shards_dir / last, shards_dir / ahead)
-    meta = json.loads((shards_dir / ahead / "zarr.json").read_text())
-    meta["attributes"].update(step=ahead_step, seq=seq + 1)
-    (shards_dir / ahead / "zarr.json").write_text(json.dumps(meta))
+    a, attrs = shards.read_shard(shards_dir / last)
+    shards.write_shard(shards_dir, ahead, a, a["bootstrap"], {**attrs, "step": ahead_step, "seq": seq + 1})
     run(tmp_path, 3, *sync, resume=True)
     assert versions_done(tmp_path) == 3
 

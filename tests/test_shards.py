@@ -3,11 +3,26 @@ import json
 import multiprocessing as mp
 import time
 import warnings
+import zipfile
 
 import numpy as np
 import pytest
 
 from rlvla3.engine import shards
+from tests.conftest import replace_entry
+
+
+def zarr_group(shard):
+    """A published shard opened by zarr-python (a zip file: ZipStore)."""
+    import zarr
+    from zarr.storage import ZipStore
+
+    return zarr.open_group(store=ZipStore(shard, mode="r"), mode="r")
+
+
+def entry_names(shard) -> set[str]:
+    with zipfile.ZipFile(shard) as zf:
+        return set(zf.namelist())
 
 
 def segment(T=8, N=3, fill=1):
@@ -56,7 +71,8 @@ def test_shards_are_plain_zarr_3_both_ways(tmp_path, codec):
            for k, v in segment().items()}
     seg["terminated"][:] = False   # all fill value: zarr-python writes no chunk for it
     mine = shards.write_shard(tmp_path, shards.shard_name(0, 0, 0), seg, np.ones(3, np.float32), {"x": 1}, codec)
-    root = zarr.open_group(str(mine), mode="r")
+    assert mine.is_file(), "a shard is one file"
+    root = zarr_group(mine)
     assert root.attrs["x"] == 1 and root.attrs["schema_version"] == shards.SCHEMA_VERSION
     for k, v in seg.items():
         np.testing.assert_array_equal(root[k][...], v)
@@ -68,14 +84,25 @@ def test_shards_are_plain_zarr_3_both_ways(tmp_path, codec):
     for k, v in seg.items():
         np.testing.assert_array_equal(arrays[k], v)
     assert not any((theirs / "terminated").rglob("c*")), "zarr-python skipped the all-fill chunk"
+    # zarr-python's own zip store (nested chunk keys, its own entry order and timestamps)
+    from zarr.codecs import ZstdCodec
+    from zarr.storage import ZipStore
+
+    zipped = tmp_path / shards.shard_name(0, 0, 2)
+    store = ZipStore(zipped, mode="w")
+    root = zarr.create_group(store=store, attributes=shards.read_attrs(mine))
+    for k, v in {**seg, "bootstrap": np.ones(3, np.float32)}.items():
+        root.create_array(k, data=v, chunks=v.shape, compressors=ZstdCodec(level=1))
+    store.close()
+    arrays, _ = shards.read_shard(zipped)
+    for k, v in seg.items():
+        np.testing.assert_array_equal(arrays[k], v)
 
 
 def test_zstd_is_spent_only_where_it_shrinks_and_fill_chunks_are_not_written(tmp_path):
     """Under codec zstd an array zstd cannot shrink (noise frames) is written raw and one it can
     (flat frames) compressed, each array's zarr.json saying which; an all-fill chunk is not
     written. read_shard and zarr-python read every array back exactly."""
-    import zarr
-
     rng = np.random.default_rng(0)
     seg = segment()
     seg["images"] = rng.integers(0, 256, (8, 3, 2, 64, 64, 3), dtype=np.uint8)   # 590 KB of noise
@@ -83,13 +110,15 @@ def test_zstd_is_spent_only_where_it_shrinks_and_fill_chunks_are_not_written(tmp
     flat = np.full((8, 3, 2, 64, 64, 3), 7, np.uint8)
     path = shards.write_shard(tmp_path, shards.shard_name(0, 0, 0), seg, np.ones(3, np.float32), {})
     flat_path = shards.write_shard(tmp_path, shards.shard_name(0, 0, 1), {**seg, "images": flat}, np.ones(3, np.float32), {})
-    codecs = lambda p, k: [c["name"] for c in json.loads((p / k / "zarr.json").read_text())["codecs"]]   # noqa: E731
+    def codecs(p, k):
+        with zipfile.ZipFile(p) as zf:
+            return [c["name"] for c in json.loads(zf.read(f"{k}/zarr.json"))["codecs"]]
     assert codecs(path, "images") == ["bytes"], "noise was compressed"
     assert codecs(flat_path, "images") == ["bytes", "zstd"], "flat frames were not compressed"
-    assert not any((path / "proprio").glob("c*")) and any((path / "rewards").glob("c*"))
+    assert "proprio/c.0.0.0" not in entry_names(path) and "rewards/c.0.0" in entry_names(path)
     for p, images in ((path, seg["images"]), (flat_path, flat)):
         arrays, _ = shards.read_shard(p)
-        root = zarr.open_group(str(p), mode="r")
+        root = zarr_group(p)
         for k, v in {**seg, "images": images}.items():
             np.testing.assert_array_equal(arrays[k], v)
             np.testing.assert_array_equal(root[k][...], v)
@@ -125,31 +154,40 @@ def test_corrupt_and_wrong_schema_shards_are_quarantined(tmp_path):
     # corrupt one chunk
     bad = shards.shard_name(0, 0, 1)
     shards.write_shard(tmp_path, bad, segment(), np.zeros(3, np.float32), {})
-    chunk = next((tmp_path / bad / "images").glob("c.*"))
-    chunk.write_bytes(b"not zstd")
+    replace_entry(tmp_path / bad, "images/c.0.0.0.0.0.0", b"not zstd")
     with pytest.raises(shards.ShardError, match=bad):
         shards.read_shard(tmp_path / bad)
+    # a truncated file (a copy cut short)
+    cut = shards.shard_name(0, 0, 3)
+    whole = shards.write_shard(tmp_path, cut, segment(), np.zeros(3, np.float32), {}).read_bytes()
+    (tmp_path / cut).write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(shards.ShardError, match=cut):
+        shards.read_shard(tmp_path / cut)
+    with pytest.raises(shards.ShardError, match=cut):
+        shards.read_attrs(tmp_path / cut)
     # wrong schema version
     old = shards.shard_name(0, 0, 2)
     shards.write_shard(tmp_path, old, segment(), np.zeros(3, np.float32), {})
-    meta = tmp_path / old / "zarr.json"
-    j = json.loads(meta.read_text())
+    j = json.loads(zipfile.ZipFile(tmp_path / old).read("zarr.json"))
     j["attributes"]["schema_version"] = 99
-    meta.write_text(json.dumps(j))
+    replace_entry(tmp_path / old, "zarr.json", json.dumps(j).encode())
     with pytest.raises(shards.ShardError, match="schema_version"):
         shards.read_shard(tmp_path / old)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         shards.quarantine(tmp_path / bad, "test")
+        shards.quarantine(tmp_path / cut, "test")
     assert any("skipping shard" in str(x.message) for x in w)
     assert shards.scan(tmp_path) == [good, old]
-    assert len(list((tmp_path / shards.BAD_DIR).iterdir())) == 1   # moved aside, not deleted
+    assert len(list((tmp_path / shards.BAD_DIR).iterdir())) == 2   # moved aside, not deleted
 
 
 def test_partial_temporaries_are_invisible_and_cleaned(tmp_path):
-    (tmp_path / ".tmp-s000000-g00000-q000000-123").mkdir()
+    (tmp_path / ".tmp-s000000-g00000-q000000-123").mkdir()        # the older folder layout
+    (tmp_path / ".tmp-s000000-g00000-q000001-123").write_bytes(b"PK")   # a file cut short by a crash
     assert shards.scan(tmp_path) == []
-    assert shards.clean_partial(tmp_path) == 1
+    assert shards.clean_partial(tmp_path) == 2
+    assert not any(tmp_path.iterdir())
 
 
 def test_ledger_only_moves_forward():

@@ -1,7 +1,10 @@
 """Trajectory shards (zarr 3) and the Trainer's ledger.
 
 One shard = one segment of one env group: `steps` time steps of `n` envs, arrays time-major
-[T, N, ...], one zstd chunk per array (fast, and rendered frames compress well).
+[T, N, ...], one zstd chunk per array (fast, and rendered frames compress well). A shard is one
+file: a zarr 3 group in a zip archive (zarr-python reads it with `zarr.storage.ZipStore`), the
+entries stored uncompressed (zstd already did that). A folder of zarr 3 files per shard (what
+this module wrote before, and what zarr-python writes to a LocalStore) still reads.
 
 Atomic publish: a shard is written by exactly one Simulator into `shards/.tmp-<name>-<pid>`
 and then `os.rename`d to `shards/<name>`. A reader therefore sees a complete shard or none
@@ -21,8 +24,10 @@ import os
 import re
 import shutil
 import socket
+import struct
 import time
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,12 +92,7 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
     """Write a complete shard under a temporary name, then publish it by atomic rename; `codec`
     compresses its arrays (zstd) or not (none: runtime.shard_codec)."""
     tmp = shards_dir / f".tmp-{name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    for key in ARRAYS:
-        write_array(tmp, key, arrays[key], codec)
-    write_array(tmp, "bootstrap", np.asarray(bootstrap, np.float32), codec)
+    remove(tmp)
     T, N = arrays["rewards"].shape
     versions = arrays["versions"]
     group = {"attributes": {
@@ -110,7 +110,11 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
         "written_at": time.time(),
         **attrs,
     }, "zarr_format": 3, "node_type": "group"}
-    (tmp / "zarr.json").write_text(json.dumps(group))
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr(entry(GROUP_META), json.dumps(group))
+        for key in ARRAYS:
+            write_array(zf, key, arrays[key], codec)
+        write_array(zf, "bootstrap", np.asarray(bootstrap, np.float32), codec)
     faults.reach("shard_write")
     final = shards_dir / name
     os.rename(tmp, final)  # atomic within one filesystem; readers see all or nothing
@@ -121,12 +125,16 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
 # A shard's arrays are zarr 3 arrays of one chunk each: `bytes` (little-endian), then `zstd`
 # (level 1) unless runtime.shard_codec=none. zarr-python's own write path cost ~10x np.save of the
 # same arrays (117-127 vs 7-9 ms for a 12.6 MB segment; per-array overhead, not compression), so
-# the files are written and read here as plain zarr 3 that zarr-python reads and writes too
-# (tests/test_shards.py checks both ways). The chunk key separator is "." (`c.0.0`): a nested key
-# (`c/0/0/...`, zarr-python's default) costs a directory per dimension, and a mkdir is as dear as
-# compressing a frame on an overlay filesystem. Metadata this writer would not write is read
-# through zarr-python.
+# the entries are written and read here as plain zarr 3 that zarr-python reads and writes too
+# (tests/test_shards.py checks both ways). One file, not a folder: a folder of zarr 3 files costs
+# a mkdir, a zarr.json and a chunk file per array (~46 file operations a shard against np.save's
+# 16, 10-25 ms on an overlay filesystem whatever the bytes); the zip is one create and one
+# rename. The chunk key separator is "." (`c.0.0`, zarr-python's default is nested `c/0/0`).
+# Metadata this writer would not write is read through zarr-python.
 ZSTD_LEVEL = 1
+GROUP_META = "zarr.json"
+ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")   # a zip entry's local header (30 bytes): its data follows
+ZIP_LOCAL_MAGIC = b"PK\x03\x04"
 
 
 def zstd_codec():
@@ -170,7 +178,13 @@ def pays_to_compress(a: np.ndarray) -> bool:
     return len(zstd_codec().encode(probe)) <= (1 - PROBE_MIN_SAVING) * probe.nbytes
 
 
-def write_array(group: Path, key: str, a: np.ndarray, codec: str = "zstd") -> None:
+def entry(name: str) -> zipfile.ZipInfo:
+    """A stored (uncompressed) zip entry with a fixed timestamp: a shard's bytes depend only on
+    its contents and attributes."""
+    return zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+
+
+def write_array(zf: zipfile.ZipFile, key: str, a: np.ndarray, codec: str = "zstd") -> None:
     """One array as a zarr 3 array of one chunk. With codec zstd, an array that zstd would not
     shrink is written raw (its own zarr.json says so; readers follow each array's metadata); a
     chunk holding only the fill value is not written at all, as zarr-python does by default."""
@@ -179,53 +193,138 @@ def write_array(group: Path, key: str, a: np.ndarray, codec: str = "zstd") -> No
         a = a.astype(a.dtype.newbyteorder("<"))
     if codec == "zstd" and not pays_to_compress(a):
         codec = "none"
-    folder = group / key
-    folder.mkdir()
-    (folder / "zarr.json").write_text(json.dumps(array_meta(a, codec)))
+    zf.writestr(entry(f"{key}/zarr.json"), json.dumps(array_meta(a, codec)))
     if a.nbytes <= FILL_CHECK_BYTES and not a.view(np.uint8).any():   # every fill value is zero bytes (array_meta)
         return
-    with open(folder / chunk_key(a.ndim), "wb") as f:
-        f.write(zstd_codec().encode(a) if codec == "zstd" else memoryview(a).cast("B"))
+    zf.writestr(entry(f"{key}/{chunk_key(a.ndim)}"), zstd_codec().encode(a) if codec == "zstd" else memoryview(a).cast("B"))
 
 
-def read_array(group: Path, key: str) -> np.ndarray:
+class ZipEntries:
+    """A shard file's entries, read straight into their destination: the central directory is
+    parsed once (zipfile), each entry's bytes then read at its offset with no CRC pass (a
+    published shard is never written again: the rename publishes it whole; zstd frames carry
+    their own sizes) and no intermediate copy."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.f = open(self.path, "rb")
+        try:
+            self.infos = {i.filename: i for i in zipfile.ZipFile(self.f).infolist()}
+        except zipfile.BadZipFile as e:
+            self.f.close()
+            raise ShardError(f"{self.path.name}: not a zip archive ({e})") from e
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def has(self, name: str) -> bool:
+        return name in self.infos
+
+    def _data(self, name: str) -> tuple[int, int]:
+        """(offset, size) of an entry's stored bytes."""
+        info = self.infos[name]
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ShardError(f"{self.path.name}: entry {name} is zip-compressed (shards store entries as they are)")
+        self.f.seek(info.header_offset)
+        head = ZIP_LOCAL_HEADER.unpack(self.f.read(ZIP_LOCAL_HEADER.size))
+        if head[0] != ZIP_LOCAL_MAGIC:
+            raise ShardError(f"{self.path.name}: entry {name} has no local header at offset {info.header_offset}")
+        return info.header_offset + ZIP_LOCAL_HEADER.size + head[9] + head[10], info.compress_size
+
+    def read(self, name: str) -> bytes:
+        offset, size = self._data(name)
+        self.f.seek(offset)
+        return self.f.read(size)
+
+    def read_into(self, name: str, out: memoryview) -> None:
+        offset, size = self._data(name)
+        if size != out.nbytes:
+            raise ShardError(f"{self.path.name}: entry {name} holds {size} bytes, its array {out.nbytes}")
+        self.f.seek(offset)
+        self.f.readinto(out)
+
+    def zarr_array(self, key: str) -> np.ndarray:
+        from zarr.storage import ZipStore
+
+        return zarr.open_array(store=ZipStore(self.path, mode="r"), path=key, mode="r")[...]
+
+
+class FolderEntries:
+    """A shard folder's files under the same names (shards written before shards were one file,
+    or by zarr-python to a LocalStore)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def has(self, name: str) -> bool:
+        return (self.path / name).exists()
+
+    def read(self, name: str) -> bytes:
+        return (self.path / name).read_bytes()
+
+    def read_into(self, name: str, out: memoryview) -> None:
+        with open(self.path / name, "rb") as f:
+            f.readinto(out)
+
+    def zarr_array(self, key: str) -> np.ndarray:
+        return zarr.open_array(str(self.path / key), mode="r")[...]
+
+
+def entries(path: Path) -> ZipEntries | FolderEntries:
+    return FolderEntries(path) if Path(path).is_dir() else ZipEntries(path)
+
+
+def read_array(src: ZipEntries | FolderEntries, key: str) -> np.ndarray:
     """One array of a shard: directly when its metadata is what write_array writes, otherwise
     (a shard written by zarr-python, say) through zarr-python."""
-    meta = json.loads((group / key / "zarr.json").read_text())
+    meta = json.loads(src.read(f"{key}/zarr.json"))
     a = np.empty(meta["shape"], np.dtype(meta["data_type"]))
     codec = next((c for c in SHARD_CODECS if meta == array_meta(a, c)), None)
     if codec is None:
-        return zarr.open_array(str(group / key), mode="r")[...]
-    chunk = group / key / chunk_key(a.ndim)
-    if not chunk.exists():   # a writer that skips chunks holding only the fill value (zarr-python's default)
+        return src.zarr_array(key)
+    chunk = f"{key}/{chunk_key(a.ndim)}"
+    if not src.has(chunk):   # a writer that skips chunks holding only the fill value (zarr-python's default)
         a[...] = meta["fill_value"]
     elif codec == "zstd":
-        zstd_codec().decode(chunk.read_bytes(), out=a)
+        zstd_codec().decode(src.read(chunk), out=a)
     else:
-        with open(chunk, "rb") as f:
-            f.readinto(memoryview(a).cast("B"))
+        src.read_into(chunk, memoryview(a).cast("B"))
     return a
 
 
 def read_attrs(path: Path) -> dict:
     """A published shard's attributes (rows, versions, ...) without reading its arrays. Raises
-    ShardError for a torn or foreign folder (no or broken zarr.json, missing attributes)."""
+    ShardError for a torn or foreign file or folder (no or broken zarr.json, missing attributes)."""
     try:
-        attrs = json.loads((Path(path) / "zarr.json").read_text())["attributes"]
+        with entries(path) as src:
+            attrs = json.loads(src.read(GROUP_META))["attributes"]
         for key in ("rows", "min_version", "max_version", "env_steps"):
             int(attrs[key])
         return attrs
+    except ShardError:
+        raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ShardError(f"{Path(path).name}: unreadable attributes ({type(e).__name__}: {e})") from e
 
 
 def read_shard(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     """All arrays of a published shard (time-major), and its attributes. Raises ShardError."""
+    path = Path(path)
     try:
-        attrs = json.loads((Path(path) / "zarr.json").read_text())["attributes"]
-        if attrs.get("schema_version") != SCHEMA_VERSION:
-            raise ShardError(f"{path.name}: schema_version={attrs.get('schema_version')!r}, expected {SCHEMA_VERSION}")
-        out = {k: read_array(Path(path), k) for k in (*ARRAYS, "bootstrap")}
+        with entries(path) as src:
+            attrs = json.loads(src.read(GROUP_META))["attributes"]
+            if attrs.get("schema_version") != SCHEMA_VERSION:
+                raise ShardError(f"{path.name}: schema_version={attrs.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+            out = {k: read_array(src, k) for k in (*ARRAYS, "bootstrap")}
     except ShardError:
         raise
     except Exception as e:  # zarr raises many types for truncated/corrupt data
@@ -237,6 +336,14 @@ def read_shard(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     if out["bootstrap"].shape != (N,):
         raise ShardError(f"{path.name}: bootstrap has shape {out['bootstrap'].shape}, expected [{N}]")
     return out, attrs
+
+
+def remove(path: Path) -> None:
+    """Delete a shard (a file, or a folder of the older layout); nothing if it is not there."""
+    if Path(path).is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        Path(path).unlink(missing_ok=True)
 
 
 def quarantine(path: Path, reason: str) -> None:
@@ -266,7 +373,7 @@ def scan(shards_dir: Path) -> list[str]:
     """Published shard names, sorted (no zarr listing: os.scandir is ~100x cheaper per shard)."""
     if not shards_dir.exists():
         return []
-    return sorted(e.name for e in os.scandir(shards_dir) if e.is_dir() and parse_name(e.name))
+    return sorted(e.name for e in os.scandir(shards_dir) if parse_name(e.name))
 
 
 def clean_partial(shards_dir: Path) -> int:
@@ -275,7 +382,7 @@ def clean_partial(shards_dir: Path) -> int:
     if shards_dir.exists():
         for e in os.scandir(shards_dir):
             if e.name.startswith(".tmp-"):
-                shutil.rmtree(e.path, ignore_errors=True)
+                remove(Path(e.path))
                 n += 1
     return n
 

@@ -28,7 +28,6 @@ never saved, its rows are simply planned again.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import zlib
 from collections import defaultdict
@@ -282,7 +281,7 @@ class Trainer:
         """runtime.keep_shards=false: delete the shards whose training a checkpoint now holds, and
         only those (a crash before the next checkpoint re-trains the later ones from disk)."""
         for name in self.trained_uncommitted:
-            shutil.rmtree(self.shards_dir / name, ignore_errors=True)
+            shards.remove(self.shards_dir / name)
         self.trained_uncommitted = []
 
     # ------------------------------------------------------------ weights, checkpoints, logs

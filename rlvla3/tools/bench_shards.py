@@ -69,8 +69,11 @@ def timed(ops: list[tuple[str, object]], repeats: int) -> dict[str, tuple[float,
     return {op: (float(np.median(c)), float(np.median(w))) for op, (c, w) in got.items()}
 
 
-def disk_mb(folder: Path) -> float:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6
+def disk_mb(path: Path) -> float:
+    """Bytes on disk of a shard (one file) or of a folder of files."""
+    if path.is_file():
+        return path.stat().st_size / 1e6
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
 
 
 def one_kind(label: str, arrays: dict, repeats: int, root: Path) -> list[dict]:
