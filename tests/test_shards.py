@@ -124,6 +124,27 @@ def test_zstd_is_spent_only_where_it_shrinks_and_fill_chunks_are_not_written(tmp
             np.testing.assert_array_equal(root[k][...], v)
 
 
+@pytest.mark.parametrize("large", [False, True])
+def test_the_zip_writer_writes_archives_zipfile_verifies(tmp_path, large):
+    """The shard writer's own zip (and the zipfile path it takes for zip64-sized shards): every
+    entry's CRC-32 checks out in zipfile, and both readers return the bytes written."""
+    rng = np.random.default_rng(0)
+    entries = {"zarr.json": b'{"a": 1}', "images/c.0.0": rng.integers(0, 256, 300_001, dtype=np.uint8),
+               "empty": b"", "rewards/c.0": rng.normal(size=(7, 3)).astype(np.float32)}
+    w = shards.ZipWriter(tmp_path / "z", large=large)
+    for name, data in entries.items():
+        w.add(name, data)
+    w.close()
+    with zipfile.ZipFile(tmp_path / "z") as zf:
+        assert zf.testzip() is None, "a CRC does not match its entry"
+        assert zf.namelist() == list(entries)
+        for name, data in entries.items():
+            assert zf.read(name) == bytes(memoryview(data).cast("B"))
+    with shards.ZipEntries(tmp_path / "z") as src:
+        for name, data in entries.items():
+            assert src.read(name) == bytes(memoryview(data).cast("B"))
+
+
 def _writer(d, n):
     for i in range(n):
         shards.write_shard(d, shards.shard_name(0, 0, i), segment(T=16, N=4, fill=i % 250 + 1),

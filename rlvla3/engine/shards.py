@@ -34,6 +34,11 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+try:   # the same CRC-32 as zlib's, 25x faster (ZipWriter)
+    from zlib_ng.zlib_ng import crc32
+except ImportError:   # an environment without zlib-ng: the same archives, slower
+    from zlib import crc32
+
 from ..config import SHARD_CODECS
 from . import faults
 
@@ -110,11 +115,17 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
         "written_at": time.time(),
         **attrs,
     }, "zarr_format": 3, "node_type": "group"}
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr(entry(GROUP_META), json.dumps(group))
+    raw = sum(a.nbytes for a in arrays.values()) + (1 << 20)   # compression only shrinks; 1 MiB for the metadata
+    writer = ZipWriter(tmp, large=raw >= ZipWriter.LIMIT)
+    try:
+        writer.add(GROUP_META, json.dumps(group).encode())
         for key in ARRAYS:
-            write_array(zf, key, arrays[key], codec)
-        write_array(zf, "bootstrap", np.asarray(bootstrap, np.float32), codec)
+            write_array(writer, key, arrays[key], codec)
+        write_array(writer, "bootstrap", np.asarray(bootstrap, np.float32), codec)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
     faults.reach("shard_write")
     final = shards_dir / name
     os.rename(tmp, final)  # atomic within one filesystem; readers see all or nothing
@@ -133,8 +144,8 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
 # Metadata this writer would not write is read through zarr-python.
 ZSTD_LEVEL = 1
 GROUP_META = "zarr.json"
-ZIP_LOCAL_HEADER = struct.Struct("<4s5H3L2H")   # a zip entry's local header (30 bytes): its data follows
-ZIP_LOCAL_MAGIC = b"PK\x03\x04"
+LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")   # a zip entry's local header (30 bytes): its name, extra field, then its bytes
+LOCAL_MAGIC = 0x04034B50
 
 
 def zstd_codec():
@@ -178,13 +189,51 @@ def pays_to_compress(a: np.ndarray) -> bool:
     return len(zstd_codec().encode(probe)) <= (1 - PROBE_MIN_SAVING) * probe.nbytes
 
 
-def entry(name: str) -> zipfile.ZipInfo:
-    """A stored (uncompressed) zip entry with a fixed timestamp: a shard's bytes depend only on
-    its contents and attributes."""
-    return zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+class ZipWriter:
+    """A zip archive of stored entries, written front to back (PKWARE APPNOTE 4.3: a local header
+    and the bytes of each entry, then the central directory). zipfile's writer checksums with
+    zlib's CRC-32, ~5.9 ms for a 12.6 MB segment on this CPU, as long as np.save's whole write;
+    zlib-ng's computes the same CRC in 0.24 ms. A `large` archive (4 GiB or more: zip64) is
+    written by zipfile instead: the same entries, the same readers."""
+
+    CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")    # central directory header, to the local header's offset (46 bytes)
+    END = struct.Struct("<IHHHHIIH")                 # end of central directory (22 bytes)
+    DOS_TIME = (0, 33)                               # 1980-01-01 00:00: a shard's bytes depend on its contents only
+    LIMIT = 0xFFFFFFFF                               # sizes and offsets above this need zip64
+
+    def __init__(self, path: Path, large: bool = False):
+        self.f = open(path, "wb")
+        self.zf = zipfile.ZipFile(self.f, "w", zipfile.ZIP_STORED) if large else None
+        self.central: list[bytes] = []
+        self.offset = 0
+
+    def add(self, name: str, data) -> None:
+        data = memoryview(data).cast("B")
+        if self.zf is not None:
+            self.zf.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+            return
+        fname, crc, n = name.encode(), crc32(data), data.nbytes
+        head = LOCAL_HEADER.pack(LOCAL_MAGIC, 20, 0, 0, *self.DOS_TIME, crc, n, n, len(fname), 0)
+        self.central.append(self.CENTRAL.pack(0x02014B50, 20, 20, 0, 0, *self.DOS_TIME, crc, n, n, len(fname),
+                                              0, 0, 0, 0, 0, self.offset) + fname)
+        self.f.write(head + fname)
+        self.f.write(data)
+        self.offset += len(head) + len(fname) + n
+
+    def close(self) -> None:
+        if self.zf is not None:
+            self.zf.close()
+        else:
+            directory = b"".join(self.central)
+            n = len(self.central)
+            self.f.write(directory + self.END.pack(0x06054B50, 0, 0, n, n, len(directory), self.offset, 0))
+        self.f.close()
+
+    def abort(self) -> None:
+        self.f.close()
 
 
-def write_array(zf: zipfile.ZipFile, key: str, a: np.ndarray, codec: str = "zstd") -> None:
+def write_array(zf: ZipWriter, key: str, a: np.ndarray, codec: str = "zstd") -> None:
     """One array as a zarr 3 array of one chunk. With codec zstd, an array that zstd would not
     shrink is written raw (its own zarr.json says so; readers follow each array's metadata); a
     chunk holding only the fill value is not written at all, as zarr-python does by default."""
@@ -193,10 +242,10 @@ def write_array(zf: zipfile.ZipFile, key: str, a: np.ndarray, codec: str = "zstd
         a = a.astype(a.dtype.newbyteorder("<"))
     if codec == "zstd" and not pays_to_compress(a):
         codec = "none"
-    zf.writestr(entry(f"{key}/zarr.json"), json.dumps(array_meta(a, codec)))
+    zf.add(f"{key}/zarr.json", json.dumps(array_meta(a, codec)).encode())
     if a.nbytes <= FILL_CHECK_BYTES and not a.view(np.uint8).any():   # every fill value is zero bytes (array_meta)
         return
-    zf.writestr(entry(f"{key}/{chunk_key(a.ndim)}"), zstd_codec().encode(a) if codec == "zstd" else memoryview(a).cast("B"))
+    zf.add(f"{key}/{chunk_key(a.ndim)}", zstd_codec().encode(a) if codec == "zstd" else a)
 
 
 class ZipEntries:
@@ -229,10 +278,10 @@ class ZipEntries:
         if info.compress_type != zipfile.ZIP_STORED:
             raise ShardError(f"{self.path.name}: entry {name} is zip-compressed (shards store entries as they are)")
         self.f.seek(info.header_offset)
-        head = ZIP_LOCAL_HEADER.unpack(self.f.read(ZIP_LOCAL_HEADER.size))
-        if head[0] != ZIP_LOCAL_MAGIC:
+        head = LOCAL_HEADER.unpack(self.f.read(LOCAL_HEADER.size))
+        if head[0] != LOCAL_MAGIC:
             raise ShardError(f"{self.path.name}: entry {name} has no local header at offset {info.header_offset}")
-        return info.header_offset + ZIP_LOCAL_HEADER.size + head[9] + head[10], info.compress_size
+        return info.header_offset + LOCAL_HEADER.size + head[9] + head[10], info.compress_size
 
     def read(self, name: str) -> bytes:
         offset, size = self._data(name)

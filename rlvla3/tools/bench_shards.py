@@ -6,12 +6,13 @@ zstd (the default) and without compression (runtime.shard_codec=none).
 The segment is the engine's: T = algo.segment_steps rows of env.num_envs envs, every array of
 the shard schema; images either rendered by robosuite Lift (what a Simulator writes; rendered
 frames compress well) or uniform noise (the worst case: zstd cannot shrink it). Each operation
-is repeated (`--repeats`, the operations taking turns), the median of CPU time (the process's,
+is repeated (`--repeats`, the operations taking turns, each after an `os.sync()`), the median of CPU time (the process's,
 zarr-python works on a thread of its own) and wall time reported; MB/s
 counts the arrays' raw bytes, "x" is np.save's (np.load's) time over this one's.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -61,7 +62,10 @@ def timed(ops: list[tuple[str, object]], repeats: int) -> dict[str, tuple[float,
     turns within each repeat, in a rotating order, so that the machine's noise falls on all of them alike."""
     got = {op: ([], []) for op, _ in ops}
     for i in range(repeats):
-        for op, fn in ops[i % len(ops):] + ops[:i % len(ops)]:   # each op first as often (writeback throttles whoever comes later)
+        for op, fn in ops[i % len(ops):] + ops[:i % len(ops)]:   # each op first as often
+            # Every op starts with no dirty pages: a write that came after others' was throttled by
+            # their writeback (np.save measured 4.5 ms first, 35 ms after a few other writes).
+            os.sync()
             c0, w0 = time.process_time(), time.perf_counter()
             fn(i)
             got[op][0].append(time.process_time() - c0)
