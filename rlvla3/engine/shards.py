@@ -293,7 +293,8 @@ class ZipEntries:
         if size != out.nbytes:
             raise ShardError(f"{self.path.name}: entry {name} holds {size} bytes, its array {out.nbytes}")
         self.f.seek(offset)
-        self.f.readinto(out)
+        if self.f.readinto(out) != size:
+            raise ShardError(f"{self.path.name}: entry {name} ends before its {size} bytes")
 
     def zarr_array(self, key: str) -> np.ndarray:
         from zarr.storage import ZipStore
