@@ -198,7 +198,8 @@ class ZipWriter:
 
     CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")    # central directory header, to the local header's offset (46 bytes)
     END = struct.Struct("<IHHHHIIH")                 # end of central directory (22 bytes)
-    DOS_TIME = (0, 33)                               # 1980-01-01 00:00: a shard's bytes depend on its contents only
+    EPOCH = (1980, 1, 1, 0, 0, 0)                    # every entry's timestamp: a shard's bytes depend on its contents only
+    DOS_TIME = (0, 33)                               # EPOCH as the headers' DOS time and date fields
     LIMIT = 0xFFFFFFFF                               # sizes and offsets above this need zip64
 
     def __init__(self, path: Path, large: bool = False):
@@ -210,7 +211,7 @@ class ZipWriter:
     def add(self, name: str, data) -> None:
         data = memoryview(data).cast("B")
         if self.zf is not None:
-            self.zf.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+            self.zf.writestr(zipfile.ZipInfo(name, date_time=self.EPOCH), data)
             return
         fname, crc, n = name.encode(), crc32(data), data.nbytes
         head = LOCAL_HEADER.pack(LOCAL_MAGIC, 20, 0, 0, *self.DOS_TIME, crc, n, n, len(fname), 0)

@@ -368,12 +368,11 @@ class TorchLearner:
         in micro-batches."""
         logps, values = [], []
         mb = self.cfg.algo.micro_batch
-        by_token = {"per_token": True} if per_token else {}   # only token families take the flag
         with torch.no_grad():
             for i in range(0, len(idx), mb):
                 j = idx[i:i + mb]
                 lp, _, v = self.prox.evaluate(*(getattr(rows, k)[j].to(self.device) for k in ("images", "proprio", "tokens", "sample")),
-                                              **by_token)
+                                              per_token=per_token)
                 logps.append(lp.cpu())
                 values.append(v.cpu())
         return torch.cat(logps), torch.cat(values)
@@ -404,16 +403,16 @@ class TorchLearner:
             return
         rows.logp_prox[todo] = self._prox_eval(rows, todo, per_token=True)[0]
         fresh = todo[rows.versions[todo] >= self.version]
-        if self.cfg.algo.check_logprobs and len(fresh):   # the same forward serves the check
-            diff = float((rows.logp_prox[fresh].sum(-1) - rows.logp_behav[fresh]).abs().max())
-            self.metrics.scalar("logp_diff_max", diff, rows=len(fresh), version=self.version)
+        if self.cfg.algo.check_logprobs:   # the same forward serves the check
+            self._check_logprobs(rows, fresh, rows.logp_prox[fresh].sum(-1))
 
-    def _check_logprobs(self, rows: Rows, fresh: torch.Tensor) -> None:
+    def _check_logprobs(self, rows: Rows, fresh: torch.Tensor, recomputed: torch.Tensor | None = None) -> None:
         """π_prox holds exactly the weights that produced fresh rows: their log-probs recomputed
-        here must match the Generator's (a mismatch means the two sides disagree on the model,
-        the sample, or the noise). Logged as scalar logp_diff_max."""
+        here (or given, when a π_prox forward already made them) must match the Generator's (a
+        mismatch means the two sides disagree on the model, the sample, or the noise). Logged as
+        scalar logp_diff_max."""
         if len(fresh):
-            lp, _ = self._prox_eval(rows, fresh)
+            lp = self._prox_eval(rows, fresh)[0] if recomputed is None else recomputed
             diff = float((lp - rows.logp_behav[fresh]).abs().max())
             self.metrics.scalar("logp_diff_max", diff, rows=len(fresh), version=self.version)
 
@@ -443,8 +442,8 @@ class TorchLearner:
 
     def _loss(self, mb):
         a = self.cfg.algo
-        by_token = {"per_token": True} if a.ratio == "token" else {}
-        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["sample"], **by_token)
+        logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["sample"],
+                                                per_token=a.ratio == "token")
         logp_behav = mb["logp_prox"] if a.name == "vtrace" else mb["logp_behav"]
         logp_ref = None
         if self.ref is not None:

@@ -38,8 +38,15 @@ class Policy(nn.Module):
     def act(self, images, proprio, tokens, noise):
         raise NotImplementedError
 
-    def evaluate(self, images, proprio, tokens, sample):
+    def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
         raise NotImplementedError
+
+    def _no_tokens(self, per_token: bool) -> None:
+        """Families that sample a continuous chunk have no per-token log-probs (world.validate
+        refuses algo.ratio=token for them before any rank starts)."""
+        if per_token:
+            raise ValueError(f"{type(self).__name__} samples a continuous chunk: no per-token log-probs "
+                             "(algo.ratio=token needs a token family)")
 
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         return tokens_to_actions(sample, self.action_bins, self.chunk, self.action_dim)

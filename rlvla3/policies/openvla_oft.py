@@ -189,7 +189,8 @@ class ReleasedOFT(Policy):
         sample = mean + self._sigma() * noise
         return sample, torch.distributions.Normal(mean, self._sigma()).log_prob(sample).sum((-1, -2)), value.float()
 
-    def evaluate(self, images, proprio, tokens, sample):
+    def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
+        self._no_tokens(per_token)
         mean, value = self.mean_and_value(images, proprio, tokens)
         sigma = self._sigma()
         logp = torch.distributions.Normal(mean, sigma).log_prob(sample).sum((-1, -2))

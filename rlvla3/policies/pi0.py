@@ -170,8 +170,9 @@ class Pi0Flow(Policy):
             chain.append(x)
         return torch.stack(chain, 1), logp, value.float()
 
-    def evaluate(self, images, proprio, tokens, sample):
+    def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
         """log pi of the stored chain, the entropy of the S Gaussian steps, V(s)."""
+        self._no_tokens(per_token)
         cache, mask, value = self._prefix(images, proprio, tokens)
         state, sigma = self._state(proprio), self._sigma()
         logp = 0.0
