@@ -76,7 +76,12 @@ class EnvConfig:
     step_timeout: float = 60.0
     """Seconds a child env process may take for one step before it is killed and restarted."""
     reset_timeout: float = 120.0
-    """Seconds a child env process may take to start or reset before it is killed and restarted."""
+    """Seconds a child env process may take for one reset before it is killed and restarted."""
+    start_timeout: float = 600.0
+    """Seconds a newly started child env process may take to answer its first reset (spawn,
+    imports, the first scene build) before it is killed and restarted. Longer than a reset: the
+    children of a job start together and take turns on the node's cores (8 LIBERO children on
+    2 cold cores took over 120 s each)."""
     max_failed_starts: int = 3
     """Consecutive times one env's child process may die or time out before it ever answers (a bad
     env.task, a missing simulator, no headless GL) before the job fails instead of restarting it."""

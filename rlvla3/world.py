@@ -299,9 +299,8 @@ def check_env_python(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-def validate(cfg: RunConfig) -> None:
-    """Check every field a run depends on; the first bad one raises ConfigError."""
-    e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
+def _validate_env(e) -> None:
+    """The env fields every run depends on."""
     _require(e.name in ("toy", "emulated", "robosuite", "metaworld", "libero", "robocasa", "maniskill"), "env.name", e.name,
              "use toy, emulated, robosuite, metaworld, libero, robocasa or maniskill")
     if e.name == "libero":
@@ -315,8 +314,15 @@ def validate(cfg: RunConfig) -> None:
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
     _require(e.max_failed_starts >= 0, "env.max_failed_starts", e.max_failed_starts, "must be >= 0")
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")
-    _require(e.step_timeout > 0 and e.reset_timeout > 0, "env.step_timeout", e.step_timeout, "timeouts must be > 0")
+    for name in ("step_timeout", "reset_timeout", "start_timeout"):
+        _require(getattr(e, name) > 0, f"env.{name}", getattr(e, name), "timeouts must be > 0")
     _require(0.0 <= e.success_rate <= 1.0, "env.success_rate", e.success_rate, "must be in [0, 1]")
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check every field a run depends on; the first bad one raises ConfigError."""
+    e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
+    _validate_env(e)
     _require(p.name in ("tiny", "openvla", "openvla_oft", "pi0", "pi05", "emulated"), "policy.name", p.name,
              "use tiny, openvla, openvla_oft, pi0, pi05 or emulated")
     _require(p.name != "openvla_oft" or bool(p.pretrained), "policy.pretrained", p.pretrained,

@@ -28,6 +28,8 @@ from rlvla3.world import derive, sharding_plan
     ("algo.lr=-1.0", "algo.lr"),
     ("runtime.startup_timeout=0", "runtime.startup_timeout"),
     ("env.max_failed_starts=-1", "env.max_failed_starts"),
+    ("env.reset_timeout=0", "env.reset_timeout"),
+    ("env.start_timeout=-1", "env.start_timeout"),
     ("policy.init_from=/nonexistent.pt", "policy.init_from"),
     ("policy.pretrained=/nonexistent", "policy.pretrained"),
     ("policy.lora_rank=-1", "policy.lora_rank"),

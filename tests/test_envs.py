@@ -270,6 +270,38 @@ def test_an_env_that_cannot_start_fails_after_bounded_restarts():
                 p.kill()
 
 
+def test_a_child_still_starting_has_start_timeout_and_a_started_one_reset_timeout():
+    """Children start together and take turns on the cores (8 LIBERO children on 2 cores took
+    over env.reset_timeout to answer their first reset, were restarted together, and timed out
+    again until the job failed). A stopped child stands in for a slow start here."""
+    from rlvla3.envs.hosting import ProcessVecEnv
+
+    cfg = compose(["+experiment=toy", "env.reset_timeout=1", "env.start_timeout=8"])
+    g = ProcessVecEnv(cfg, [0], 0, True, words(cfg))
+    try:
+        pid = g.procs[0].pid
+        os.kill(pid, signal.SIGSTOP)
+        g.start_reset()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 2.5:     # past reset_timeout: still starting, not restarted
+            assert not g.ready() and g.restarts == [0]
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGCONT)
+        reset_wait(g)
+        assert g.restarts == [0] and g.procs[0].pid == pid
+        os.kill(pid, signal.SIGSTOP)           # answered once: now a reset has reset_timeout
+        t0 = time.monotonic()
+        g.start_reset()
+        while g.restarts == [0]:
+            g.ready()
+            assert time.monotonic() - t0 < 5, "a started child that stopped answering was not restarted"
+            time.sleep(0.05)
+        assert g.procs[0].pid != pid
+        reset_wait(g)                          # the new child starts within its start_timeout
+    finally:
+        g.close()
+
+
 def test_a_child_lost_during_a_group_reset_restarts_from_that_resets_seed():
     """GRPO resets a group from one shared seed; a child restarted mid-reset used to reset from its
     own seed, so the shard mixed two initial states (and crashed the Trainer on every resume)."""

@@ -253,6 +253,7 @@ class ProcessVecEnv(_GroupBase):
         self.conns: list = [None] * len(self.env_ids)
         self.restarts = [0] * len(self.env_ids)
         self.answered = [False] * len(self.env_ids)        # the current child has sent a result
+        self.spawned_at = [0.0] * len(self.env_ids)        # when the current child was started
         self.failed_starts = [0] * len(self.env_ids)       # consecutive children that never answered
         self.reset_seed: int | None = None                 # the seed of the group reset in progress
         self.restart_seed: list[int | None] = [None] * len(self.env_ids)
@@ -273,6 +274,7 @@ class ProcessVecEnv(_GroupBase):
             child.close()
             self.procs[k], self.conns[k] = p, parent
         self.answered[k] = False
+        self.spawned_at[k] = time.monotonic()
 
     def _kill(self, k: int) -> None:
         p = self.procs[k]
@@ -295,7 +297,10 @@ class ProcessVecEnv(_GroupBase):
             self._send(k, ("step", None if actions is None else np.asarray(actions[k], np.float32)), "step", deadline)
 
     def _send(self, k: int, cmd: tuple, kind: str, deadline: float) -> None:
-        """A child that died while its group waited (for an action) is found here: `ready` restarts it."""
+        """A child that died while its group waited (for an action) is found here: `ready` restarts it.
+        A child that has not answered yet is still starting: it has until env.start_timeout."""
+        if not self.answered[k]:
+            deadline = max(deadline, self.spawned_at[k] + self.cfg.env.start_timeout)
         try:
             self.conns[k].send(cmd)
         except OSError:

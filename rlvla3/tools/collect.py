@@ -60,12 +60,13 @@ def rank_main(run_dir: Path, episodes: int) -> None:
         groups.append({"g": g, "env": env, "seq": 0, "t": 0, "done": 0, "cur": None, "stepping": False,
                        "seg": SegmentBuffer.allocate(T, g.size, sp), "left": quota(episodes, g, cfg.env.num_envs)})
     # A collection may run for hours (--timeout bounds it); what must not happen is an env that
-    # stops answering: no result from any group for this long fails the rank, naming them.
-    stall = cfg.runtime.liveness_timeout * 10
+    # stops answering: no result from any group for this long fails the rank, naming them. Its
+    # env children restart or fail within env.start_timeout themselves: this catches the rest.
+    stall = max(cfg.runtime.liveness_timeout * 10, 2 * cfg.env.start_timeout)
     heard = time.monotonic()
     while any(x["left"] > 0 or x["t"] > 0 for x in groups):
         if time.monotonic() - heard > stall:
-            raise TimeoutError(f"collect rank {rank}: no env result for {stall:.0f}s (runtime.liveness_timeout x 10); "
+            raise TimeoutError(f"collect rank {rank}: no env result for {stall:.0f}s "
                                f"env groups still collecting (group, episodes left): "
                                f"{[(x['g'].gid, x['left']) for x in groups if x['left'] > 0 or x['t'] > 0]}")
         busy = False
