@@ -299,6 +299,11 @@ class GeneratorConfig:
     adapt_batch: int = 0
     """Online batching window: 0 keeps t_max_ms fixed; N > 0 re-tunes the window 4x a second to
     the time N samples take to arrive at the observed rate (logged as scalar t_max_ms)."""
+    greedy: bool = False
+    """Act on the most likely action instead of sampling one (token argmax, a Gaussian's mean, a
+    denoising chain without injected noise: policies/sampling.py greedy_noise), as the field
+    evaluates OpenVLA. Evaluation only (python -m rlvla3.evaluate --greedy): RL learns from
+    sampled actions and their log-probabilities."""
 
 
 @dataclass(frozen=True)

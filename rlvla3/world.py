@@ -460,6 +460,8 @@ def validate_runtime(rt) -> None:
 def validate_eval(cfg: RunConfig) -> None:
     """runtime.eval_every and its settings (evaluation while training)."""
     rt = cfg.runtime
+    _require(not cfg.generator.greedy or rt.evaluate, "generator.greedy", cfg.generator.greedy,
+             "evaluation only (python -m rlvla3.evaluate --greedy): RL learns from sampled actions and their log-probs")
     _require(rt.eval_every >= 0, "runtime.eval_every", rt.eval_every, "must be >= 0 (0: no evaluation while training)")
     if not rt.eval_every:
         return

@@ -35,6 +35,7 @@ from rlvla3.world import derive, sharding_plan
     ("policy.lora_rank=-1", "policy.lora_rank"),
     ("runtime.wandb_mode=onlin", "runtime.wandb_mode"),
     ("algo.ratio=tokens", "algo.ratio"),
+    ("generator.greedy=true", "generator.greedy"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

@@ -103,3 +103,38 @@ def test_auto_device_spreads_the_ranks_of_a_node_over_its_gpus():
     assert auto_device(4, {"OMPI_COMM_WORLD_LOCAL_RANK": "6"}) == "cuda:2"
     assert auto_device(1, {"SLURM_LOCALID": "5"}) == "cuda:0"      # one GPU bound per task
     assert auto_device(2, {}) == "cuda:0"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_noise_acts_on_the_most_likely_action(family):
+    """generator.greedy (evaluate --greedy): token families act on every token's argmax, whatever
+    noise was drawn, and no sampled action is more likely; a chain runs the deterministic flow from
+    its drawn start (the start still matters, the injected noise no longer does). Token by token
+    (autoregressive) the argmax is greedy per token, not the most likely sequence."""
+    from rlvla3.policies.sampling import greedy_noise
+
+    policy, sp = build(**FAMILIES[family])
+    images, proprio, tokens, noise = batch(sp, 4)
+    other = batch(sp, 4, seed=1)[3]
+    with torch.no_grad():
+        greedy, greedy_logp, _ = policy.act(images, proprio, tokens, torch.from_numpy(greedy_noise(sp.sample, noise.numpy())))
+        if sp.sample.kind == "tokens":
+            again = policy.act(images, proprio, tokens, torch.from_numpy(greedy_noise(sp.sample, other.numpy())))[0]
+            assert torch.equal(greedy, again)
+            draws = [policy.act(images, proprio, tokens, batch(sp, 4, seed=s)[3]) for s in range(2, 22)]
+            # The first token has no prefix: its argmax is at least as likely as any draw of it.
+            first = lambda sample: policy.evaluate(images, proprio, tokens, sample, per_token=True)[0][:, 0]  # noqa: E731
+            assert all((first(greedy) >= first(d[0]) - 1e-5).all() for d in draws)
+            if FAMILIES[family].get("decoding") != "autoregressive":   # independent tokens: the joint too
+                sampled_logp = torch.stack([d[1] for d in draws])
+                assert (greedy_logp[None] >= sampled_logp - 1e-5).all()
+                assert (greedy_logp[None] > sampled_logp + 1e-3).any(), "sampling never drew a less likely action"
+        else:
+            shared_start = other.clone()
+            shared_start[:, 0] = noise[:, 0]
+            again = policy.act(images, proprio, tokens, torch.from_numpy(greedy_noise(sp.sample, shared_start.numpy())))[0]
+            assert torch.allclose(greedy, again)
+            moved = policy.act(images, proprio, tokens, torch.from_numpy(greedy_noise(sp.sample, other.numpy())))[0]
+            assert not torch.allclose(greedy[:, -1], moved[:, -1])
+            sampled = policy.act(images, proprio, tokens, noise)[0]
+            assert not torch.allclose(greedy[:, -1], sampled[:, -1]), "the injected noise changed nothing"

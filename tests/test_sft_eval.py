@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from rlvla3.tools.episodes import wilson
@@ -79,6 +80,37 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
     assert r["episodes"] == 64, "whole rounds of env.num_envs=16 episodes"
     # A uniform-random policy succeeds ~23% of the time on toy (tests/test_learning.py).
     assert r["wilson95"][0] > 0.23, r
+    run("rlvla3.evaluate", "--checkpoint", str(tmp_path / "sft.pt"), "--episodes", "16", "--out", str(tmp_path / "greedy"),
+        "--videos", "0", "--greedy", "+experiment=toy", "runtime.tensorboard=false")
+    assert json.loads((tmp_path / "greedy" / "eval.json").read_text())["greedy"]
+    check_greedy_actions(tmp_path / "greedy", tmp_path / "sft.pt")
+
+
+def check_greedy_actions(run_dir, ckpt) -> None:
+    """Every action an evaluate --greedy run took is the policy's argmax for its observation."""
+    import torch
+
+    from rlvla3 import config
+    from rlvla3.engine import shards
+    from rlvla3.engine.torch_learner import load_init
+    from rlvla3.policies import make_policy
+    from rlvla3.policies.sampling import greedy_noise
+    from rlvla3.world import spec
+
+    cfg = config.load(run_dir)
+    sp = spec(cfg)
+    policy = make_policy(cfg, sp)
+    load_init(policy, str(ckpt))
+    names = shards.scan(run_dir / "shards")
+    assert names
+    for n in names:
+        a, _ = shards.read_shard(run_dir / "shards" / n)
+        ok = a["valid"].reshape(-1)
+        obs = [torch.from_numpy(a[k].reshape(-1, *a[k].shape[2:])[ok]) for k in ("images", "proprio", "tokens")]
+        noise = greedy_noise(sp.sample, np.zeros((int(ok.sum()), *sp.sample.noise_shape), np.float32))
+        with torch.no_grad():
+            want = policy.act(*obs, torch.from_numpy(noise))[0].numpy()
+        np.testing.assert_array_equal(a["sample"].reshape(-1, *sp.sample.shape)[ok], want, err_msg=n)
 
 
 def test_init_from_refuses_a_checkpoint_of_another_policy(tmp_path):

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config import RunConfig
 from ..policies import make_actor
+from ..policies.sampling import greedy_noise
 from ..world import World, spec
 from . import weights
 from .batcher import DynamicBatcher, WindowTuner
@@ -189,13 +190,16 @@ class Generator:
 
     def _noise(self, r: Request) -> np.ndarray:
         """The policy's sampling noise (U(0,1) for Gumbel-max over tokens, N(0,1) for a denoising
-        chain), keyed by (seed, group, request): a sample never depends on its batch."""
+        chain), keyed by (seed, group, request): a sample never depends on its batch. With
+        generator.greedy, the noise of the most likely action."""
         rng = np.random.Generator(np.random.Philox(key=[self.cfg.seed, r.gid * 2**32 + r.request_id]))
         layout = self.sp.sample
         shape = (r.n, *layout.noise_shape)
         if layout.noise == "normal":
-            return rng.standard_normal(shape, dtype=np.float32)
-        return rng.random(shape, dtype=np.float32)
+            noise = rng.standard_normal(shape, dtype=np.float32)
+        else:
+            noise = rng.random(shape, dtype=np.float32)
+        return greedy_noise(layout, noise) if self.cfg.generator.greedy else noise
 
     def _reply(self, r: Request, sample, logp, value) -> None:
         g = self.groups[r.gid]

@@ -44,6 +44,23 @@ def sample_layout(pcfg, action_dim: int) -> SampleLayout:
     return SampleLayout("tokens", k, action_dim, (k * action_dim,), "int32", (k * action_dim, pcfg.action_bins), "uniform")
 
 
+def greedy_noise(layout: SampleLayout, noise: np.ndarray) -> np.ndarray:
+    """The noise [n, *layout.noise_shape] that makes a family act on its most likely action
+    instead of sampling one (generator.greedy, evaluation only), given the drawn noise:
+    - tokens: U = e^-1 everywhere, so every Gumbel is -log(-log U) = 0 and Gumbel-max is the
+      argmax of the logits (OpenVLA's own decoding);
+    - gaussian: zero, the regressed mean chunk (OpenVLA-OFT's L1 head acts on it);
+    - chain: the drawn start x_0 and no noise injected at later steps, the deterministic flow
+      π0 and π0.5 run at inference."""
+    if layout.kind == "tokens":
+        return np.full_like(noise, np.exp(-1.0))
+    if layout.kind == "gaussian":
+        return np.zeros_like(noise)
+    out = np.zeros_like(noise)
+    out[:, 0] = noise[:, 0]
+    return out
+
+
 def tokens_to_actions(tokens: np.ndarray, bins: int, chunk: int, action_dim: int) -> np.ndarray:
     """Action token ids [n, K*D] -> env action chunks [n, K, D]: bin b -> 2b/(bins-1) - 1."""
     return (tokens.astype(np.float32) / (bins - 1) * 2.0 - 1.0).reshape(-1, chunk, action_dim)

@@ -86,8 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--of-run", default="", metavar="RUN",
                     help="evaluate for a training run (what its Trainer 0 starts with runtime.eval_every): RUN's own "
                          "config, runtime.eval_envs envs, every role in this process, videos into RUN's TensorBoard")
+    ap.add_argument("--greedy", action="store_true",
+                    help="act on the most likely action instead of sampling (generator.greedy: token argmax, as "
+                         "OpenVLA is evaluated; a Gaussian's mean; a chain without injected noise)")
     ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
     a = ap.parse_intermixed_args(argv)
+    if a.greedy:
+        a.overrides.append("generator.greedy=true")
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import run_local
@@ -116,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         from ..engine.inprocess import InProcessRun
 
         cfg = of_run_config(of_run, ckpt.resolve(), a.episodes, a.seed)
+        cfg = config.replace(cfg, generator={"greedy": a.greedy})
         InProcessRun(cfg, run_dir).run(a.timeout)
     else:
         cfg = compose(a.overrides)
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     succ, eps = count(run_dir, cfg.algo.max_versions)
     lo, hi = wilson(succ, eps)
     result = {"checkpoint": a.checkpoint, "average_last": a.average_last, "episodes": eps, "successes": succ,
-              "success_rate": succ / max(eps, 1), "wilson95": [lo, hi], "seed": a.seed}
+              "success_rate": succ / max(eps, 1), "wilson95": [lo, hi], "seed": a.seed,
+              "greedy": cfg.generator.greedy}
     (run_dir / "eval.json").write_text(json.dumps(result, indent=1))
     print(f"success {succ}/{eps} = {succ / max(eps, 1):.3f}  (95% Wilson interval {lo:.3f}-{hi:.3f})  {run_dir}")
     task = cfg.env.name if cfg.env.name in ("toy", "emulated") else cfg.env.task   # (env.task: the robosuite/metaworld one)
