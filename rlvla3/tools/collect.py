@@ -66,7 +66,7 @@ def rank_main(run_dir: Path, episodes: int) -> None:
     heard = time.monotonic()
     while any(x["left"] > 0 or x["t"] > 0 for x in groups):
         if time.monotonic() - heard > stall:
-            raise TimeoutError(f"collect rank {rank}: no env result for {stall:.0f}s "
+            raise TimeoutError(f"collect rank {rank}: no env result for {stall:.0f}s; "
                                f"env groups still collecting (group, episodes left): "
                                f"{[(x['g'].gid, x['left']) for x in groups if x['left'] > 0 or x['t'] > 0]}")
         busy = False
