@@ -45,7 +45,7 @@ WORKLOAD = ["+experiment=emulated", "env.in_process=false", "env.num_envs=4", "c
             "sharding.groups_per_rank=1", "algo.segment_steps=8", "algo.rollout_batch=32", "algo.global_batch=16",
             "algo.micro_batch=16", "env.step_ms=2", "env.reset_ms=5", "policy.infer_fixed_ms=1",
             "policy.train_samples_per_s=2000", "runtime.liveness_timeout=6", "runtime.startup_timeout=120",
-            "env.step_timeout=3", "env.reset_timeout=20", "runtime.shutdown_timeout=10",
+            "env.step_timeout=3", "env.reset_timeout=20", "env.start_timeout=20", "runtime.shutdown_timeout=10",
             "runtime.tensorboard=false", "runtime.progress=false", "algo.max_versions=1000000"]
 SURVIVABLE = {
     "env_child_kill": "SIGKILL one env child process of a Simulator",
