@@ -276,7 +276,7 @@ def test_a_child_still_starting_has_start_timeout_and_a_started_one_reset_timeou
     again until the job failed). A stopped child stands in for a slow start here."""
     from rlvla3.envs.hosting import ProcessVecEnv
 
-    cfg = compose(["+experiment=toy", "env.reset_timeout=1", "env.start_timeout=8"])
+    cfg = compose(["+experiment=toy", "env.reset_timeout=1", "env.start_timeout=30"])
     g = ProcessVecEnv(cfg, [0], 0, True, words(cfg))
     try:
         pid = g.procs[0].pid
