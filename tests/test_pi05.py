@@ -13,7 +13,7 @@ from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
 from rlvla3.policies import make_policy, pi05
 from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
-from rlvla3.policies.prompts import Pi05Prompt, write_tiny_tokenizer
+from rlvla3.policies.prompts import HashedPi05Prompt, Pi05Prompt, hashed_words, instruction_encoder, write_tiny_tokenizer
 from rlvla3.world import spec, validate
 from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 
@@ -96,6 +96,25 @@ def test_the_prompt_carries_the_normalised_binned_state_and_is_encoded_each_step
     with pytest.raises(ConfigError, match=r"no 'q01' statistics for 'observation.state' \(a base checkpoint carries none"):
         write_normaliser(tmp_path / "pi05", Normaliser({"observation.state": "STATE"}, {"STATE": "QUANTILES"}), "policy_preprocessor")
         validate(cfg)
+
+
+def test_a_random_initialised_pi05_reads_the_raw_binned_state_in_its_prompt():
+    """No folder, no tokenizer, no statistics: π0.5's prompt text as hashed words, the raw proprio
+    binned, so the state still reaches a model that has no state token."""
+    cfg = compose(PI05_TOY)
+    encode = instruction_encoder(cfg.policy)
+    assert isinstance(encode, HashedPi05Prompt) and encode.reads_state
+    state = np.array([-1.0, 0.0, 0.25, 3.0][:spec(cfg).proprio_dim], np.float32)
+    bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
+    want = f"Task: go to the red square, State: {' '.join(map(str, bins))};\nAction: "
+    ids = encode("go to the red_square ", state)
+    np.testing.assert_array_equal(ids, hashed_words(want, 48, cfg.policy.vocab))
+    moved = state.copy()
+    moved[1] += 0.01   # one bin (2/256 wide) up
+    changed = np.flatnonzero(encode("go to the red square", moved) != ids)
+    assert len(changed) == 1 and changed[0] == len("Task: go to the red square, State:".split()) + 1
+    with pytest.raises(ValueError, match=r"policy.instruction_len=8 cuts π0.5's prompt of \d+ words"):
+        HashedPi05Prompt(8, cfg.policy.vocab)("go to the red square", state)
 
 
 def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):

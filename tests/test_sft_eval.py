@@ -188,6 +188,34 @@ def test_chunked_sft_from_one_step_demonstrations(tmp_path):
     load_init(make_policy(cfg, spec(cfg)), str(tmp_path / "sft2.pt"))   # an RL run with chunk 2 starts from it
 
 
+@needs_mpi
+@pytest.mark.slow
+def test_sft_writes_the_demonstrations_prompts_as_the_trained_policy_reads_them(tmp_path):
+    """Demonstrations collected under the tiny VLA train π0.5, whose prompt holds each row's state:
+    SFT re-encodes the instructions the shards record with the trained policy's encoder."""
+    from rlvla3.cluster.compose import compose
+    from rlvla3.policies.prompts import instruction_encoder
+    from rlvla3.tools.sft import load_demos
+
+    run("rlvla3.collect", "+experiment=toy", "--episodes", "4", "--out", str(tmp_path / "demos"))
+    recorded = load_demos(tmp_path / "demos")
+    tiny = load_demos(tmp_path / "demos", 1, instruction_encoder(compose(["+experiment=toy"]).policy))
+    np.testing.assert_array_equal(tiny["tokens"], recorded["tokens"])   # the collecting policy's own prompts
+    pi05 = compose(["+experiment=toy", "policy=pi05"])
+    encode = instruction_encoder(pi05.policy)
+    rows = load_demos(tmp_path / "demos", 1, encode)
+    assert rows["tokens"].shape == (len(recorded["tokens"]), pi05.policy.instruction_len)
+    from rlvla3.envs.toy import COLORS
+
+    texts = {f"go to the {c} square" for c in COLORS}
+    for i in range(0, len(rows["tokens"]), 7):
+        assert any(np.array_equal(rows["tokens"][i], encode(t, rows["proprio"][i])) for t in texts), i
+    assert len({r.tobytes() for r in rows["tokens"]}) > 4 * len(texts)   # the state moves the prompt, not only the task
+    out = run("rlvla3.sft", "--demos", str(tmp_path / "demos"), "+experiment=toy", "policy=pi05", "--steps", "3",
+              "--out", str(tmp_path / "pi05.pt"))
+    assert "3 steps" in out.stdout
+
+
 def test_recipe_training_curve_is_a_success_rate_over_whole_versions():
     from rlvla3.tools.recipe import smoothed_success
 

@@ -107,6 +107,33 @@ class Pi0Prompt(CheckpointPrompt):
         return [self.bos, *self.text_ids(text), *self.text_ids("\n")]
 
 
+def pi05_text(instruction: str, state: np.ndarray) -> str:
+    """π0.5's prompt text for a normalised state: each value cut into one of 256 bins of [-1, 1]."""
+    text = instruction.strip().replace("_", " ").replace("\n", " ")
+    bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
+    return f"Task: {text}, State: {' '.join(map(str, bins))};\nAction: "
+
+
+class HashedPi05Prompt:
+    """A random-initialised π0.5's prompt: π0.5's text, state included, as the project's hashed
+    words (no tokenizer, no statistics: the raw proprio is binned; LIBERO's end-effector position
+    spans 20-70 bins, its gripper a few). Without it the state would reach the model nowhere
+    (π0.5 has no state token). A prompt longer than `length` fails, naming policy.instruction_len,
+    instead of losing the state at its end."""
+
+    reads_state = True
+
+    def __init__(self, length: int, vocab: int):
+        self.length, self.vocab = length, vocab
+
+    def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:
+        text = pi05_text(instruction, np.asarray(state, np.float32))
+        if len(text.split()) >= self.length:   # hashed_words keeps length - 1 words and the end id
+            raise ValueError(f"policy.instruction_len={self.length} cuts π0.5's prompt of {len(text.split())} words "
+                             f"({text!r}): give at least {len(text.split()) + 1}")
+        return hashed_words(text, self.length, self.vocab)
+
+
 class Pi05Prompt(CheckpointPrompt):
     """π0.5's: BOS, "Task: {instruction}, State: {bins};\nAction: ", where the proprio is normalised
     with the folder's state statistics (LeRobot's normaliser: quantiles) and cut into 256 bins of
@@ -124,10 +151,8 @@ class Pi05Prompt(CheckpointPrompt):
         self.norm.affine("observation.state")   # a base checkpoint without statistics fails here, naming them
 
     def ids(self, instruction: str, state: np.ndarray | None = None) -> list[int]:
-        text = instruction.strip().replace("_", " ").replace("\n", " ")
         s = self.norm.normalise("observation.state", np.asarray(state, np.float32))
-        bins = np.digitize(s, np.linspace(-1, 1, 257)[:-1]) - 1
-        return [self.bos, *self.text_ids(f"Task: {text}, State: {' '.join(map(str, bins))};\nAction: ")]
+        return [self.bos, *self.text_ids(pi05_text(instruction, s))]
 
     def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:
         return self.padded(self.ids(instruction, state), instruction)
@@ -145,8 +170,10 @@ def instruction_encoder(pcfg) -> Encoder:
         return OpenVLAPrompt(tokenizer_folder(pcfg), pcfg.instruction_len)
     if pcfg.name == "pi0" and pcfg.pretrained:
         return Pi0Prompt(tokenizer_folder(pcfg), pcfg.instruction_len)
-    if pcfg.name == "pi05" and pcfg.pretrained:
-        return Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, pcfg.pretrained)
+    if pcfg.name == "pi05":
+        if pcfg.pretrained:
+            return Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, pcfg.pretrained)
+        return HashedPi05Prompt(pcfg.instruction_len, pcfg.vocab)
     return lambda text: hashed_words(text, pcfg.instruction_len, pcfg.vocab)
 
 

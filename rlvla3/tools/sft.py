@@ -16,6 +16,7 @@ K consecutive actions of each row's env (`chunk_actions`). The value head is not
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -38,9 +39,10 @@ def chunk_actions(actions: np.ndarray, ended: np.ndarray, k: int) -> np.ndarray:
     return actions[idx, np.arange(actions.shape[1])[None, :, None]]
 
 
-def load_demos(demos: Path, chunk: int = 1) -> dict[str, np.ndarray]:
+def load_demos(demos: Path, chunk: int = 1, encode=None) -> dict[str, np.ndarray]:
     """Every valid row of the demonstration shards under `demos` (or `demos/shards`), flattened,
-    with `actions` as chunks [rows, K, D]."""
+    with `actions` as chunks [rows, K, D] and, given the trained policy's `encode`, its prompts
+    (prompt_tokens) in place of the tokens the collecting policy's encoder wrote."""
     from ..engine import shards
 
     d = demos / "shards" if (demos / "shards").is_dir() else demos
@@ -54,11 +56,35 @@ def load_demos(demos: Path, chunk: int = 1) -> dict[str, np.ndarray]:
             raise SystemExit(f"--demos {demos}: shard {n} is a rollout shard, not a demonstration (source "
                              f"{attrs.get('source')!r})")
         m = a["valid"].reshape(-1)
-        rows = {"images": a["images"], "proprio": a["proprio"], "tokens": a["tokens"],
+        tokens = a["tokens"] if encode is None else prompt_tokens(a["proprio"], attrs, encode, a["tokens"])
+        rows = {"images": a["images"], "proprio": a["proprio"], "tokens": tokens,
                 "actions": chunk_actions(a["actions"][:, :, 0], a["terminated"] | a["truncated"], chunk)}
         for k in parts:
             parts[k].append(rows[k].reshape(-1, *rows[k].shape[2:])[m])
     return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def prompt_tokens(proprio: np.ndarray, attrs: dict, encode, recorded: np.ndarray) -> np.ndarray:
+    """A demonstration shard's prompts [T, N, L] as `encode` writes them, from the instructions
+    the shard records (its `instructions`: [row, text] where each env's text changes) and, for an
+    encoder that reads the state (π0.5), each row's proprio. Demonstrations are collected once and
+    cloned into any family, whose prompt may differ from the collecting policy's (π0.5 writes the
+    state into it). A shard that records no instructions keeps its `recorded` tokens."""
+    texts = attrs.get("instructions")
+    if not texts:
+        return recorded
+    reads_state = getattr(encode, "reads_state", False)
+    once = functools.lru_cache(maxsize=None)(encode)
+    T = proprio.shape[0]
+    rows: list[list] = [[None] * len(texts) for _ in range(T)]
+    for n, changes in enumerate(texts):
+        for i, (start, text) in enumerate(changes):
+            stop = changes[i + 1][0] if i + 1 < len(changes) else T
+            for t in range(start, stop):
+                rows[t][n] = encode(text, proprio[t, n]) if reads_state else once(text)
+    width = next(r for row in rows for r in row if r is not None).shape[0]
+    blank = np.zeros(width, np.int32)   # rows before an env's first instruction (never valid ones)
+    return np.stack([np.stack([blank if r is None else r for r in row]) for row in rows])
 
 
 def load_rows(demos: Path, cfg, cameras: dict[str, str]) -> dict[str, np.ndarray]:
@@ -66,7 +92,9 @@ def load_rows(demos: Path, cfg, cameras: dict[str, str]) -> dict[str, np.ndarray
     from .lerobot_dataset import DatasetError, is_lerobot, load_lerobot
 
     if not is_lerobot(demos):
-        return load_demos(demos, cfg.policy.chunk)
+        from ..policies.prompts import instruction_encoder
+
+        return load_demos(demos, cfg.policy.chunk, instruction_encoder(cfg.policy))
     try:
         rows = load_lerobot(demos, cfg, cameras)
     except DatasetError as e:
