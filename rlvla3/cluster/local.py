@@ -27,8 +27,8 @@ def mpiexec_command(cfg, world_size: int, run_dir: Path) -> list[str]:
 def mpi_env() -> dict[str, str]:
     env = notices.console_env()   # the ranks' pseudo-terminal is not the user's console
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")   # idle ranks yield the core
-    # Open MPI binds each rank to one core when a job has no more ranks than cores (1-2 ranks: a
-    # collection, an evaluation), and a Simulator's env processes inherit the binding: 8 LIBERO envs
+    # Open MPI binds each rank to one core when a job has no more ranks than cores (here: a
+    # collection's one rank), and a Simulator's env processes inherit the binding: 8 LIBERO envs
     # shared one core of two while the other idled. Ranks float; the OS spreads ranks and envs.
     env.setdefault("OMPI_MCA_hwloc_base_binding_policy", "none")
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")           # fast large tensor <-> numpy copies
