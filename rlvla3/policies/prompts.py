@@ -9,6 +9,7 @@ byte-fallback tokenizer never emits, and PaliGemma's is `<pad>`).
 """
 from __future__ import annotations
 
+import functools
 import zlib
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,15 @@ OPENVLA_PROMPT = "In: What action should the robot take to {instruction}?\nOut:"
 OPENVLA_SPACE_TOKEN = 29871
 
 Encoder = Callable[[str], np.ndarray]
+
+
+def row_encoder(encode: Encoder) -> Callable[[str, np.ndarray], np.ndarray]:
+    """`encode` as (instruction, proprio) -> ids, whatever the encoder: one whose prompt holds the
+    state (`reads_state`) encodes every row, any other each instruction once."""
+    if getattr(encode, "reads_state", False):
+        return encode
+    once = functools.lru_cache(maxsize=None)(encode)
+    return lambda text, proprio: once(text)
 
 
 def hashed_words(text: str, length: int, vocab: int) -> np.ndarray:

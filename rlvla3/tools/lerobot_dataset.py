@@ -183,7 +183,7 @@ def load_lerobot(folder: Path, cfg, cameras: dict[str, str] | None = None) -> di
     import pyarrow.parquet as pq
 
     from ..envs import env_dims
-    from ..policies.prompts import instruction_encoder
+    from ..policies.prompts import instruction_encoder, row_encoder
 
     folder = Path(folder)
     info = read_info(folder)
@@ -192,7 +192,7 @@ def load_lerobot(folder: Path, cfg, cameras: dict[str, str] | None = None) -> di
     check_vector(info, "observation.state", dims.proprio_dim, "proprio")
     check_vector(info, "action", dims.action_dim, "action")
     tasks = task_strings(folder, info)
-    encode = instruction_encoder(cfg.policy)
+    encode = row_encoder(instruction_encoder(cfg.policy))
     videos = VideoFrames(folder, info["fps"])
     parts = {k: [] for k in ("images", "proprio", "tokens", "actions", "ended")}
     held: tuple[str, object] | None = None   # one data file at a time
@@ -217,8 +217,7 @@ def load_lerobot(folder: Path, cfg, cameras: dict[str, str] | None = None) -> di
                 frames = np.stack([decode_image(c) for c in rows.column(key).to_pylist()])
             views.append(fit(frames, cfg.env.image_size))
         text = [tasks[int(i)] for i in column(rows, "task_index")]
-        reads_state = getattr(encode, "reads_state", False)
-        parts["tokens"].append(np.stack([encode(s, p) if reads_state else encode(s) for s, p in zip(text, proprio)]))
+        parts["tokens"].append(np.stack([encode(s, p) for s, p in zip(text, proprio)]))
         parts["images"].append(np.stack(views, axis=1))
         parts["proprio"].append(proprio)
         parts["actions"].append(column(rows, "action").astype(np.float32))

@@ -16,7 +16,6 @@ K consecutive actions of each row's env (`chunk_actions`). The value head is not
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import time
@@ -70,21 +69,23 @@ def prompt_tokens(proprio: np.ndarray, attrs: dict, encode, recorded: np.ndarray
     encoder that reads the state (π0.5), each row's proprio. Demonstrations are collected once and
     cloned into any family, whose prompt may differ from the collecting policy's (π0.5 writes the
     state into it). A shard that records no instructions keeps its `recorded` tokens."""
+    from ..policies.prompts import row_encoder
+
     texts = attrs.get("instructions")
     if not texts:
         return recorded
-    reads_state = getattr(encode, "reads_state", False)
-    once = functools.lru_cache(maxsize=None)(encode)
+    prompt = row_encoder(encode)
     T = proprio.shape[0]
-    rows: list[list] = [[None] * len(texts) for _ in range(T)]
+    out = None   # rows before an env's first instruction stay 0 (padding; never valid rows)
     for n, changes in enumerate(texts):
         for i, (start, text) in enumerate(changes):
             stop = changes[i + 1][0] if i + 1 < len(changes) else T
             for t in range(start, stop):
-                rows[t][n] = encode(text, proprio[t, n]) if reads_state else once(text)
-    width = next(r for row in rows for r in row if r is not None).shape[0]
-    blank = np.zeros(width, np.int32)   # rows before an env's first instruction (never valid ones)
-    return np.stack([np.stack([blank if r is None else r for r in row]) for row in rows])
+                ids = prompt(text, proprio[t, n])
+                if out is None:
+                    out = np.zeros((T, len(texts), len(ids)), np.int32)
+                out[t, n] = ids
+    return out
 
 
 def load_rows(demos: Path, cfg, cameras: dict[str, str]) -> dict[str, np.ndarray]:
