@@ -211,6 +211,8 @@ class AlgoConfig:
     name: str = "ppo"
     """ppo: GAE advantages with a critic, decoupled PPO objective for stale samples |
     grpo: outcome (success 1/0) normalised within a group of episodes from one initial state, no critic |
+    raft: RAFT++ (rejection sampling under the clipped ratio): advantage 1 for the decisions of successful
+    episodes, 0 otherwise, no critic |
     vtrace: V-trace advantages and value targets (IMPALA) under the clipped PPO objective."""
     lr: float = 3e-4
     """Adam learning rate."""

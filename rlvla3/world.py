@@ -157,10 +157,14 @@ def assign_generators(sizes: list[int], n_gen: int) -> list[int]:
     return owner
 
 
+OUTCOME_ALGOS = ("grpo", "raft")
+"""Algorithms that learn from whole episodes' outcomes (success 1/0) with no critic."""
+
+
 def episodic(cfg: RunConfig) -> bool:
-    """Whole episodes per segment (grpo, evaluation): every env of a group resets at each segment
+    """Whole episodes per segment (grpo, raft, evaluation): every env of a group resets at each segment
     start (`shared_reset`: all from one seed), and an env whose episode ended waits for that reset."""
-    return cfg.algo.name == "grpo" or cfg.runtime.evaluate
+    return cfg.algo.name in OUTCOME_ALGOS or cfg.runtime.evaluate
 
 
 def shared_reset(cfg: RunConfig) -> bool:
@@ -368,7 +372,7 @@ def validate(cfg: RunConfig) -> None:
     _require(2 <= p.action_bins <= 65536, "policy.action_bins", p.action_bins, "use 2..65536 bins")
     _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", p.device) is not None, "policy.device", p.device, "use auto, cpu, cuda or cuda:N")
     _require(p.torch_threads >= 1, "policy.torch_threads", p.torch_threads, "must be >= 1")
-    _require(a.name in ("ppo", "grpo", "vtrace"), "algo.name", a.name, "use ppo, grpo or vtrace")
+    _require(a.name in ("ppo", "grpo", "raft", "vtrace"), "algo.name", a.name, "use ppo, grpo, raft or vtrace")
     _require(a.kl_coef >= 0, "algo.kl_coef", a.kl_coef, "must be >= 0")
     _require(a.lr > 0, "algo.lr", a.lr, "must be > 0")
     _require(a.clip > 0, "algo.clip", a.clip, "must be > 0")
@@ -381,12 +385,13 @@ def validate(cfg: RunConfig) -> None:
                  "algo.name=vtrace weighs whole samples in its targets: use algo.ratio=sequence, or ppo/grpo")
     _require(a.vtrace_rho_clip > 0 and a.vtrace_c_clip > 0, "algo.vtrace_rho_clip", a.vtrace_rho_clip,
              "V-trace clips must be > 0")
-    if a.name == "grpo" or cfg.runtime.evaluate:
+    if episodic(cfg):
         _require(a.segment_steps * p.chunk >= e.horizon, "algo.segment_steps", a.segment_steps,
-                 f"grpo and evaluation use whole episodes: a segment must hold one (algo.segment_steps * "
-                 f"policy.chunk >= env.horizon={e.horizon})")
-    if a.name == "grpo":
-        _require(a.vf_coef == 0, "algo.vf_coef", a.vf_coef, "grpo has no critic: set algo.vf_coef=0 (conf/algo/grpo.yaml does)")
+                 f"{'evaluation' if cfg.runtime.evaluate else a.name} uses whole episodes: a segment must hold one "
+                 f"(algo.segment_steps * policy.chunk >= env.horizon={e.horizon})")
+    if a.name in OUTCOME_ALGOS:
+        _require(a.vf_coef == 0, "algo.vf_coef", a.vf_coef,
+                 f"{a.name} has no critic: set algo.vf_coef=0 (conf/algo/{a.name}.yaml does)")
     _require(a.segment_steps >= 1, "algo.segment_steps", a.segment_steps, "must be >= 1")
     seg = e.num_envs * a.segment_steps
     _require(a.rollout_batch >= seg and a.rollout_batch % seg == 0, "algo.rollout_batch", a.rollout_batch,

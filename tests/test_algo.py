@@ -251,6 +251,27 @@ def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
     assert abs(adv.sum()) < 1e-4 and not adv[~valid].any()
 
 
+def test_raft_segment_reinforces_every_decision_of_a_success_and_nothing_else():
+    """RAFT++: advantage 1 on each valid row of an episode that succeeded, 0 on failed episodes'
+    rows and on padding after an episode ended (whatever the episode's length)."""
+    from rlvla3.engine.torch_learner import raft_segment
+
+    T, N = 10, 4
+    valid = np.zeros((T, N), bool)
+    for i, n in enumerate([3, 10, 10, 7]):
+        valid[:n, i] = True
+    success = np.zeros((T, N), bool)
+    success[2, 0] = success[6, 3] = True            # envs 0 and 3 succeed at their last decision
+    a = {"success": success, "valid": valid, "rewards": np.zeros((T, N), np.float32)}
+    adv, ret = raft_segment(a)
+    np.testing.assert_array_equal(adv, valid * np.array([1, 0, 0, 1], np.float32))
+    assert adv.dtype == np.float32 and not ret.any()
+    success[2, 0] = False
+    success[5, 1] = True                            # a success flag on a padding row does not count
+    valid[5:, 1] = False
+    np.testing.assert_array_equal(raft_segment(a)[0], valid * np.array([0, 0, 0, 1], np.float32))
+
+
 def test_lr_warms_up_then_decays_linearly_to_zero_at_the_last_step():
     from rlvla3.algo import lr_at
 

@@ -42,6 +42,19 @@ def test_bad_values_name_the_field(override, field):
         derive(compose(["+experiment=toy", override]))
 
 
+@pytest.mark.parametrize("algo", ["grpo", "raft"])
+@pytest.mark.parametrize("override, says", [
+    ("algo.vf_coef=0.5", "has no critic"),
+    ("algo.segment_steps=5", "uses whole episodes"),
+])
+def test_outcome_algorithms_need_whole_episodes_and_no_critic(algo, override, says):
+    """grpo and raft learn from whole episodes' outcomes: a segment shorter than an episode or a
+    value loss with no critic to train is refused, naming the algorithm."""
+    derive(compose(["+experiment=toy", f"algo={algo}", "algo.segment_steps=6", "algo.rollout_batch=192"]))   # fine
+    with pytest.raises(ConfigError, match=f"{algo} {says}"):
+        derive(compose(["+experiment=toy", f"algo={algo}", "algo.segment_steps=6", "algo.rollout_batch=192", override]))
+
+
 @pytest.mark.parametrize("overrides, says", [
     (["policy=pi05", "policy.patch=3"], "policy.name=pi05 samples a continuous chunk"),
     (["algo=vtrace"], "vtrace weighs whole samples"),
@@ -75,14 +88,15 @@ def test_sharding_strategies_build_valid_uneven_plans():
 
 
 # The toy env and its policy only make sense together: the toy experiment selects both. GRPO needs
-# whole episodes per segment and >= 2 envs per group, which depends on the env: its toy experiment.
+# whole episodes per segment and >= 2 envs per group, which depends on the env: its toy experiment
+# (RAFT++ the whole episodes: the same experiment with algo=raft).
 PAIRED = {"env=toy": "+experiment=toy", "policy=tiny_toy": "+experiment=toy", "algo=grpo": "+experiment=toy_grpo"}
 
 
 @pytest.mark.parametrize("choice", [f"{p.parent.name}={p.stem}" for p in sorted(CONF_DIR.glob("*/*.yaml"))
                                     if p.parent.name not in ("experiment", "profile")])  # profile/: planner inputs, not run config
 def test_every_config_file_composes_and_validates(choice, tmp_path):
-    over = [PAIRED.get(choice, choice)]
+    over = ["+experiment=toy_grpo", "algo=raft"] if choice == "algo=raft" else [PAIRED.get(choice, choice)]
     if choice == "policy=openvla_oft":   # it needs the user's released folder: a tiny one in the released layout
         from rlvla3.tools.bench import tiny_released_folder
 

@@ -40,17 +40,22 @@ def test_family_runs_async_and_logprobs_match(tmp_path, family):
     assert (a["env_steps"] >= 1).all() and (a["env_steps"] <= K).all()
 
 
-def test_grpo_segments_hold_whole_episodes_from_one_state(tmp_path):
-    """algo=grpo: every shard is one group's episodes from one shared reset (equal digests), each
-    episode ends inside the segment, and rows after an episode's end are marked invalid."""
-    over = [*TOY, "mode=async", "algo=grpo", "algo.segment_steps=6", "algo.rollout_batch=192", "algo.global_batch=64",
+@pytest.mark.parametrize("algo", ["grpo", "raft"])
+def test_outcome_segments_hold_whole_episodes(tmp_path, algo):
+    """algo=grpo: every shard is one group's episodes from one shared reset (equal digests); algo=raft
+    (no groups): each env of a shard resets from its own seed. Either way each episode ends inside
+    the segment, and rows after an episode's end are marked invalid."""
+    over = [*TOY, "mode=async", f"algo={algo}", "algo.segment_steps=6", "algo.rollout_batch=192", "algo.global_batch=64",
             "algo.max_versions=2", "algo.check_logprobs=true"]
     proc, run = run_engine(tmp_path, over)
     assert_ok(proc)
     check_every_shard_consumed_once(run, 2, 192)
     for name in shards.scan(run / "shards"):
         a, attrs = shards.read_shard(run / "shards" / name)
-        assert len(set(attrs["reset_digests"])) == 1, attrs["reset_digests"]
+        if algo == "grpo":
+            assert len(set(attrs["reset_digests"])) == 1, attrs["reset_digests"]
+        else:
+            assert len(set(attrs["reset_seeds"])) == len(attrs["env_ids"]), attrs["reset_seeds"]
         ended = a["terminated"] | a["truncated"]
         assert (ended.sum(0) == 1).all(), f"{name}: every env ends exactly one episode"
         last = ended.argmax(0)

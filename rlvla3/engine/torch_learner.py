@@ -1,6 +1,6 @@
 """The Trainer's compute half for torch policies: shard rows, advantages (algo.name: GAE for ppo,
-group-normalised outcomes for grpo, V-trace for vtrace), the clipped (decoupled) PPO step, the
-data-parallel all-reduce, π_prox, the reference policy of the KL term, and the model/optimizer
+group-normalised outcomes for grpo, successes only for raft, V-trace for vtrace), the clipped
+(decoupled) PPO step, the data-parallel all-reduce, π_prox, the reference policy of the KL term, and the model/optimizer
 part of checkpoints.
 
 The interface it shares with the emulated learner is in learners.py.
@@ -63,6 +63,8 @@ def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
         adv = ret = np.zeros_like(a["values"])
     elif algo.name == "grpo":
         adv, ret = grpo_segment(a, attrs, path.name)
+    elif algo.name == "raft":
+        adv, ret = raft_segment(a)
     elif algo.name == "vtrace":
         adv = ret = np.zeros_like(a["values"])
         segment = {k: a[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap")}
@@ -98,6 +100,17 @@ def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarra
     rows = a["valid"].sum(0).astype(np.float64)
     per_row = grpo_advantages(outcome) * rows.mean() / np.maximum(rows, 1)
     adv = np.broadcast_to(per_row, a["rewards"].shape) * a["valid"]
+    return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
+
+
+def raft_segment(a: dict) -> tuple[np.ndarray, np.ndarray]:
+    """RAFT++ advantages [T, N] of one shard: 1 for every decision of an episode that succeeded
+    (the env's own success flag), 0 for failed episodes and padding. Under the clipped ratio this
+    is behaviour cloning of the policy's own successes: the failures' samples are not pushed down
+    (GRPO's negative advantages spread the probability a 256-bin token loses over all the other
+    bins). No groups: each env resets from its own seed. No critic."""
+    outcome = (a["success"] & a["valid"]).any(0).astype(np.float32)
+    adv = np.broadcast_to(outcome, a["rewards"].shape) * a["valid"]
     return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
 
 
