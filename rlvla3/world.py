@@ -18,7 +18,7 @@ from pathlib import Path
 from .config import OBS_COMPRESSIONS, SHARD_CODECS, WAKES, ConfigError, RunConfig
 from .envs import env_dims, in_process, interpreter
 from .policies import SampleLayout, sample_layout
-from .policies.prompts import instruction_encoder
+from .policies.prompts import hashed_pi05_min_length, instruction_encoder
 from .policies.prompts import is_released_openvla as released_openvla
 
 ROLES = ("simulator", "generator", "trainer")
@@ -362,6 +362,11 @@ def validate(cfg: RunConfig) -> None:
     _require(p.d_model % p.heads == 0, "policy.d_model", p.d_model, f"must be divisible by policy.heads={p.heads}")
     _require(p.vocab >= 3, "policy.vocab", p.vocab, "must be >= 3 (ids 0 and 1 are padding and end of text)")
     _require(p.instruction_len >= 1, "policy.instruction_len", p.instruction_len, "must be >= 1")
+    if p.name == "pi05" and not p.pretrained:   # its prompt carries the state: the env's proprio must fit
+        need = hashed_pi05_min_length(env_dims(cfg).proprio_dim)
+        _require(p.instruction_len >= need, "policy.instruction_len", p.instruction_len,
+                 f"a random-initialised pi05's prompt holds the task, the {env_dims(cfg).proprio_dim} state values "
+                 f"and 4 fixed words: give at least {need} (more for a longer instruction)")
     _require_path(p.init_from, "policy.init_from", "a checkpoint file (.pt)", want_dir=False)
     _require_path(interpreter(cfg), "env.python", "an interpreter of the env's virtual environment (<venv>/bin/python)",
                   want_dir=False)

@@ -13,8 +13,15 @@ from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
 from rlvla3.policies import make_policy, pi05
 from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
-from rlvla3.policies.prompts import HashedPi05Prompt, Pi05Prompt, hashed_words, instruction_encoder, write_tiny_tokenizer
-from rlvla3.world import spec, validate
+from rlvla3.policies.prompts import (
+    HashedPi05Prompt,
+    Pi05Prompt,
+    hashed_pi05_min_length,
+    hashed_words,
+    instruction_encoder,
+    write_tiny_tokenizer,
+)
+from rlvla3.world import derive, spec, validate
 from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 
 PI05_TOY = [*TOY, "policy=pi05", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3", "policy.instruction_len=48"]
@@ -115,6 +122,15 @@ def test_a_random_initialised_pi05_reads_the_raw_binned_state_in_its_prompt():
     assert len(changed) == 1 and changed[0] == len("Task: go to the red square, State:".split()) + 1
     with pytest.raises(ValueError, match=r"policy.instruction_len=8 cuts π0.5's prompt of \d+ words"):
         HashedPi05Prompt(8, cfg.policy.vocab)("go to the red square", state)
+    # The run's config is refused before any rank starts when even a one-word task cannot fit;
+    # the bound is exact: a one-word task fills the shortest allowed prompt.
+    need = hashed_pi05_min_length(spec(cfg).proprio_dim)
+    HashedPi05Prompt(need, cfg.policy.vocab)("lift", state)
+    with pytest.raises(ValueError, match="cuts"):
+        HashedPi05Prompt(need - 1, cfg.policy.vocab)("lift", state)
+    derive(compose([*PI05_TOY, f"policy.instruction_len={need}"]))
+    with pytest.raises(ConfigError, match=rf"policy\.instruction_len={need - 1}: .* give at least {need}"):
+        derive(compose([*PI05_TOY, f"policy.instruction_len={need - 1}"]))
 
 
 def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):

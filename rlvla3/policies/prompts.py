@@ -124,6 +124,12 @@ def pi05_text(instruction: str, state: np.ndarray) -> str:
     return f"Task: {text}, State: {' '.join(map(str, bins))};\nAction: "
 
 
+def hashed_pi05_min_length(proprio_dim: int) -> int:
+    """The shortest policy.instruction_len a HashedPi05Prompt can hold: "Task:", one instruction
+    word, "State:", a word per proprio value, "Action:" and the end id."""
+    return proprio_dim + 5
+
+
 class HashedPi05Prompt:
     """A random-initialised π0.5's prompt: π0.5's text, state included, as the project's hashed
     words (no tokenizer, no statistics: the raw proprio is binned; LIBERO's end-effector position
