@@ -256,6 +256,47 @@ def test_sequential_seeds_visit_every_task_and_fixed_state_once():
     assert len({episode_seed(0, env, k, 2) for k in range(3) for env in range(2)}) == 6   # hashed: distinct too
 
 
+def test_repeated_protocol_episodes_wrap_onto_the_fixed_states_and_are_all_counted():
+    """--repeats R: seeds 0..tasks*50*R-1 visit every (task, fixed state) R times; the table counts
+    every episode and a missing one still fails. Repeats need all 50 states and sampled actions;
+    the recipe turns more than 50 episodes a task into repeats."""
+    import argparse
+
+    from rlvla3.envs.libero_env import FIXED_STATES, episode_of
+    from rlvla3.tools import evaluate
+    from rlvla3.tools.libero_protocol import check_repeats, tabulate
+    from rlvla3.tools.recipe import eval_args
+
+    tasks, repeats = [3, 7], 3
+    seeds = range(len(tasks) * FIXED_STATES * repeats)
+    visits = {}
+    for s in seeds:
+        visits[episode_of(s, tasks)] = visits.get(episode_of(s, tasks), 0) + 1
+    assert visits == {(t, i): repeats for t in tasks for i in range(FIXED_STATES)}
+    episodes = {s: (s % 4 == 0, 10) for s in seeds}
+    table = tabulate(episodes, tasks, FIXED_STATES * repeats)
+    assert {t: r["episodes"] for t, r in table["tasks"].items()} == {3: 150, 7: 150}
+    assert table["suite"]["successes"] == sum(s % 4 == 0 for s in seeds) and table["suite"]["episodes"] == 300
+    del episodes[299]
+    with pytest.raises(RuntimeError, match="1 of 300 episodes never ran"):
+        tabulate(episodes, tasks, FIXED_STATES * repeats)
+    check_repeats(1, 20, greedy=True)   # one visit: any states, greedy or not
+    with pytest.raises(SystemExit, match="use --states 50"):
+        check_repeats(2, 20, greedy=False)
+    with pytest.raises(SystemExit, match="greedy"):
+        check_repeats(2, FIXED_STATES, greedy=True)
+    with pytest.raises(SystemExit, match="--repeats=0"):
+        check_repeats(0, FIXED_STATES, greedy=False)
+    with pytest.raises(SystemExit, match="only --protocol libero"):
+        evaluate.main(["--checkpoint", "x.pt", "--repeats", "2"])
+    cfg = compose(["env=libero", "env.task_ids=[0]"])
+    for n, want in ((150, ["--states", "50", "--repeats", "3"]), (20, ["--states", "20", "--repeats", "1"])):
+        args, result, count = eval_args(argparse.Namespace(eval_episodes=n), cfg)
+        assert args[2:6] == want and result == "protocol.json" and count == n
+    with pytest.raises(SystemExit, match="multiple of 50"):
+        eval_args(argparse.Namespace(eval_episodes=120), cfg)
+
+
 def test_bench_sims_names_its_libero_rows_and_refuses_unknown_ones():
     from rlvla3.tools.bench import LIBERO_TASKS, sim_task_names
 

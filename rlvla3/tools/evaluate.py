@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", choices=["libero"], default=None,
                     help="libero: every task of env.suite x --states fixed initial states (rlvla3/tools/libero_protocol.py)")
     ap.add_argument("--states", type=int, default=50, help="--protocol libero: fixed initial states per task")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="--protocol libero: episodes per fixed state (> 1: all 50 states, sampled actions)")
     ap.add_argument("--max-steps", type=int, default=0, help="--protocol libero: step limit (default: the suite's)")
     ap.add_argument("--allow-train-states", action="store_true",
                     help="--protocol libero: evaluate a checkpoint trained on the fixed states (not held out)")
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.episodes < 1:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
+    if a.repeats != 1 and a.protocol != "libero":
+        raise SystemExit(f"--repeats={a.repeats}: repeats fixed initial states, which only --protocol libero has; "
+                         "use --episodes for more episodes")
     if not Path(a.checkpoint).is_file():
         raise SystemExit(f"--checkpoint {a.checkpoint}: no such file")
     try:   # before any rank starts: memory-mapped, so a large checkpoint costs little here

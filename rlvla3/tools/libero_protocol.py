@@ -5,7 +5,11 @@ Every task of the suite (or env.task_ids) x N fixed initial states (--states, de
 suite's 50), one episode each, on the engine's Simulator ranks (no training: runtime.evaluate).
 Episode seeds run 0..tasks*N-1 (env.seed_order=sequential) and the LIBERO env maps seed -> (task,
 fixed state) (`libero_env.episode_of`), so each pair is visited exactly once; each shard records
-its episodes' reset seeds, which the count below checks. The step limit is the suite's
+its episodes' reset seeds, which the count below checks. --repeats R (all 50 states, sampled
+actions) visits each pair R times: seeds run on to tasks*50*R-1 and wrap onto the same states, the
+episodes differing only in the policy's sampling noise; the interval then counts every episode,
+which for a fixed set of states is conservative (stratified by state, the rate's variance is at
+most the binomial's). The step limit is the suite's
 (spatial 220, object 280, goal 300, libero_10 520, libero_90 400), after env.settle_steps no-op
 steps (default 10). --max-steps shortens it (for tests); the report then says it is not the protocol.
 
@@ -84,12 +88,28 @@ def sim_facts(cfg) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def tabulate(episodes: dict[int, tuple[bool, int]], task_ids: list[int], states: int) -> dict:
-    """Per task and for the suite: successes, episodes, rate, Wilson interval, mean length."""
+def check_repeats(repeats: int, states: int, greedy: bool) -> None:
+    """--repeats: each fixed state more than once needs all of them (the env wraps seeds onto the
+    50 states) and sampled actions (greedy repeats would replay the same episode)."""
+    from ..envs.libero_env import FIXED_STATES
+
+    if repeats < 1:
+        raise SystemExit(f"--repeats={repeats}: must be >= 1")
+    if repeats > 1 and states != FIXED_STATES:
+        raise SystemExit(f"--repeats={repeats} with --states={states}: repeats visit all {FIXED_STATES} fixed states; "
+                         f"use --states {FIXED_STATES}")
+    if repeats > 1 and greedy:
+        raise SystemExit(f"--repeats={repeats} with --greedy: a greedy policy replays the same episode from a state; "
+                         "use --repeats 1")
+
+
+def tabulate(episodes: dict[int, tuple[bool, int]], task_ids: list[int], per_task: int) -> dict:
+    """Per task and for the suite: successes, episodes, rate, Wilson interval, mean length, of
+    seeds 0..tasks*per_task-1."""
     from ..envs.libero_env import episode_of
     from .episodes import wilson
 
-    want = len(task_ids) * states
+    want = len(task_ids) * per_task
     missing = [s for s in range(want) if s not in episodes]
     if missing:
         raise RuntimeError(f"protocol: {len(missing)} of {want} episodes never ran (reset seeds {missing[:10]}...); "
@@ -145,7 +165,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def report(result: dict) -> str:
-    lines = [f"LIBERO protocol  {result['suite_name']}  {result['states']} states/task  step limit {result['max_steps']}"
+    repeats = f" x{result['repeats']}" if result.get("repeats", 1) > 1 else ""
+    lines = [f"LIBERO protocol  {result['suite_name']}  {result['states']} states/task{repeats}  step limit {result['max_steps']}"
              f"{'' if result['standard_step_limit'] else ' (NOT the suite limit)'}  settle {result['settle_steps']}  "
              f"{'greedy' if result.get('greedy') else 'sampled'} actions  "
              + "  ".join(f"{k} {v}" for k, v in result["versions"].items()),
@@ -176,9 +197,10 @@ def main(a, ckpt: Path, run_dir: Path) -> int:
     if cfg.env.name != "libero":
         raise SystemExit(f"--protocol libero: env.name={cfg.env.name!r}; the protocol runs env=libero")
     warning = refuse_trained_on_test_states(Path(a.checkpoint), cfg.env.suite, a.allow_train_states)
+    check_repeats(a.repeats, a.states, a.greedy)
     tasks_given = any(o.startswith(("env.task_ids=", "++env.task_ids=")) for o in overrides)
     cfg = config.replace(cfg, seed=0, env=protocol_env(cfg, a.states, a.max_steps, tasks_given))
-    want = len(cfg.env.task_ids) * a.states
+    want = len(cfg.env.task_ids) * a.states * a.repeats
     cfg = config.replace(cfg, **eval_overrides(cfg, str(ckpt.resolve()), want))
     facts = sim_facts(cfg)
     t0 = time.monotonic()
@@ -186,11 +208,11 @@ def main(a, ckpt: Path, run_dir: Path) -> int:
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         return proc.returncode
-    table = tabulate(read_episodes(run_dir, cfg.algo.max_versions), list(cfg.env.task_ids), a.states)
+    table = tabulate(read_episodes(run_dir, cfg.algo.max_versions), list(cfg.env.task_ids), a.states * a.repeats)
     for t, r in table["tasks"].items():
         r["instruction"] = facts["tasks"][t]
     result = {"protocol": "libero", "suite_name": cfg.env.suite, "checkpoint": a.checkpoint,
-              "average_last": a.average_last, "states": a.states,
+              "average_last": a.average_last, "states": a.states, "repeats": a.repeats,
               "max_steps": cfg.env.horizon, "standard_step_limit": cfg.env.horizon == MAX_STEPS[cfg.env.suite],
               "settle_steps": cfg.env.settle_steps, "image_size": cfg.env.image_size, "cameras": list(cfg.env.cameras),
               "fast_render": cfg.env.fast_render, "greedy": cfg.generator.greedy,

@@ -43,9 +43,11 @@ def step(args: list[str], log: Path) -> None:
 
 def evaluate(ckpt: Path, out: Path, a, overrides: list[str], cfg) -> dict:
     """Success rate, Wilson interval and episodes of `ckpt` on held-out initial states: fresh
-    seeds, or on LIBERO its protocol (the suite's fixed states, which training never sees)."""
-    args, result = eval_args(a, cfg)
-    if not (a.resume and (out / result).is_file()):
+    seeds, or on LIBERO its protocol (the suite's fixed states, which training never sees). With
+    --resume an evaluation of as many episodes is kept (another count is run again)."""
+    args, result, episodes = eval_args(a, cfg)
+    kept = a.resume and (out / result).is_file() and episodes_of(json.loads((out / result).read_text())) == episodes
+    if not kept:
         shutil.rmtree(out, ignore_errors=True)   # a partial evaluation starts over
         step(["rlvla3.evaluate", "--checkpoint", str(ckpt), *args, "--out", str(out), *overrides,
               "runtime.tensorboard=false"], out.with_suffix(".log"))
@@ -53,16 +55,28 @@ def evaluate(ckpt: Path, out: Path, a, overrides: list[str], cfg) -> dict:
     return got["suite"] if result == "protocol.json" else got
 
 
-def eval_args(a, cfg) -> tuple[list[str], str]:
-    """The evaluate arguments for --eval-episodes, and the file its result is in. LIBERO: the
-    protocol on --eval-episodes / tasks fixed states of each of the run's tasks (at most 50)."""
+def episodes_of(result: dict) -> int:
+    return result["suite"]["episodes"] if "suite" in result else result["episodes"]
+
+
+def eval_args(a, cfg) -> tuple[list[str], str, int]:
+    """The evaluate arguments for --eval-episodes, the file its result is in, and how many
+    episodes it runs (whole rounds of env.num_envs: evaluate's rounding). LIBERO: the
+    protocol on --eval-episodes / tasks fixed states of each of the run's tasks; beyond the 50
+    states, a multiple of 50 a task visits each state that many times (--repeats)."""
     if cfg.env.name != "libero":
-        return ["--episodes", str(a.eval_episodes)], "eval.json"
+        rounds = -(-a.eval_episodes // cfg.env.num_envs)
+        return ["--episodes", str(a.eval_episodes)], "eval.json", rounds * cfg.env.num_envs
     from ..envs.libero_env import FIXED_STATES
 
     tasks = list(cfg.env.task_ids)
-    states = min(FIXED_STATES, max(1, a.eval_episodes // len(tasks)))
-    return ["--protocol", "libero", "--states", str(states), f"env.task_ids=[{','.join(map(str, tasks))}]"], "protocol.json"
+    per_task = max(1, a.eval_episodes // len(tasks))
+    if per_task > FIXED_STATES and per_task % FIXED_STATES:
+        raise SystemExit(f"--eval-episodes={a.eval_episodes}: {per_task} a task is more than LIBERO's {FIXED_STATES} fixed "
+                         f"states; use a multiple of {FIXED_STATES} a task (each state repeated)")
+    states, repeats = min(per_task, FIXED_STATES), max(1, per_task // FIXED_STATES)
+    return ["--protocol", "libero", "--states", str(states), "--repeats", str(repeats),
+            f"env.task_ids=[{','.join(map(str, tasks))}]"], "protocol.json", len(tasks) * states * repeats
 
 
 def finished_run(run: Path, versions: int) -> bool:
