@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-shift", type=int, default=0, help="SFT's random-shift augmentation in pixels (sft --shift)")
     ap.add_argument("--versions", type=int, default=20, help="RL versions per mode")
     ap.add_argument("--eval-episodes", type=int, default=208,
-                    help="evaluation episodes per checkpoint (LIBERO: the protocol's fixed states, at most 50 a task)")
+                    help="evaluation episodes per checkpoint (LIBERO: the protocol's fixed states; beyond 50 a task, "
+                         "a multiple of 50 repeats each state)")
     ap.add_argument("--modes", default="sync,async", help="RL modes to run ('': demos, SFT and its evaluation only)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the stages --out already holds (demos, sft.pt, evaluations, finished RL runs)")
