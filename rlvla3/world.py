@@ -82,7 +82,7 @@ class World:
     b_max: int
     """The batcher's sample limit: generator.b_max capped at policy.max_batch."""
     episodic: bool
-    """Whole episodes per segment (grpo, evaluation): every env of a group resets at each segment
+    """Whole episodes per segment (grpo, raft, evaluation): every env of a group resets at each segment
     start, and an env whose episode ended waits for that reset."""
     shared_reset: bool
     """grpo training: a group's envs reset from one seed (`group_seed`), so a GRPO group is one

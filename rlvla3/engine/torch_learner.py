@@ -1,7 +1,7 @@
 """The Trainer's compute half for torch policies: shard rows, advantages (algo.name: GAE for ppo,
 group-normalised outcomes for grpo, successes only for raft, V-trace for vtrace), the clipped
-(decoupled) PPO step, the data-parallel all-reduce, π_prox, the reference policy of the KL term, and the model/optimizer
-part of checkpoints.
+(decoupled) PPO step, the data-parallel all-reduce, π_prox, the reference policy of the KL term,
+and the model/optimizer part of checkpoints.
 
 The interface it shares with the emulated learner is in learners.py.
 """
