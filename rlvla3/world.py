@@ -363,9 +363,10 @@ def validate(cfg: RunConfig) -> None:
     _require(p.vocab >= 3, "policy.vocab", p.vocab, "must be >= 3 (ids 0 and 1 are padding and end of text)")
     _require(p.instruction_len >= 1, "policy.instruction_len", p.instruction_len, "must be >= 1")
     if p.name == "pi05" and not p.pretrained:   # its prompt carries the state: the env's proprio must fit
-        need = hashed_pi05_min_length(env_dims(cfg).proprio_dim)
+        proprio_dim = env_dims(cfg).proprio_dim
+        need = hashed_pi05_min_length(proprio_dim)
         _require(p.instruction_len >= need, "policy.instruction_len", p.instruction_len,
-                 f"a random-initialised pi05's prompt holds the task, the {env_dims(cfg).proprio_dim} state values "
+                 f"a random-initialised pi05's prompt holds the task, the {proprio_dim} state values "
                  f"and 4 fixed words: give at least {need} (more for a longer instruction)")
     _require_path(p.init_from, "policy.init_from", "a checkpoint file (.pt)", want_dir=False)
     _require_path(interpreter(cfg), "env.python", "an interpreter of the env's virtual environment (<venv>/bin/python)",

@@ -78,6 +78,11 @@ def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
                 flat(a["versions"]), segment)
 
 
+def episode_outcomes(a: dict) -> np.ndarray:
+    """Each env's episode outcome [N] in an episodic shard: 1 if it succeeded on a valid row, else 0."""
+    return (a["success"] & a["valid"]).any(0).astype(np.float32)
+
+
 def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
     """GRPO advantages [T, N] of one shard: its N episodes started from one state (checked by the
     digests of their first observations); each episode's outcome, 1 if it succeeded else 0 (the
@@ -92,7 +97,7 @@ def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarra
         raise shards.ShardError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
                            f"(first-observation digests {digests} of envs {attrs.get('env_ids')}): the env's reset "
                            f"is not a function of its seed, or the shard was not written in episodic mode")
-    outcome = (a["success"] & a["valid"]).any(0).astype(np.float32)
+    outcome = episode_outcomes(a)
     # GRPO's 1/|o_i|: each episode weighs the same whatever its length. Summed over rows instead,
     # failures (which run to the horizon) outweigh the shorter successes of their group, so the
     # net update pushes sampled actions down and entropy up (seen on Lift). Scaled by the mean
@@ -109,8 +114,7 @@ def raft_segment(a: dict) -> tuple[np.ndarray, np.ndarray]:
     is behaviour cloning of the policy's own successes: the failures' samples are not pushed down
     (GRPO's negative advantages spread the probability a 256-bin token loses over all the other
     bins). No groups: each env resets from its own seed. No critic."""
-    outcome = (a["success"] & a["valid"]).any(0).astype(np.float32)
-    adv = np.broadcast_to(outcome, a["rewards"].shape) * a["valid"]
+    adv = np.broadcast_to(episode_outcomes(a), a["rewards"].shape) * a["valid"]
     return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
 
 
