@@ -65,7 +65,7 @@ class EnvConfig:
     control_freq: int = 20
     """robosuite control frequency (Hz)."""
     arm_controller: str = "OSC_POSE"
-    """robosuite arm controller: OSC_POSE (action 7-D: end-effector position delta 3, axis-angle
+    """robosuite/libero arm controller: OSC_POSE (action 7-D: end-effector position delta 3, axis-angle
     delta 3, gripper) | OSC_POSITION (action 4-D: position delta 3, gripper; the hand keeps its
     reset orientation). Tasks whose expert turns the hand (Door) need OSC_POSE."""
     fast_render: bool = True

@@ -313,8 +313,8 @@ def _validate_env(e) -> None:
     _require(e.seed_order in ("hashed", "sequential"), "env.seed_order", e.seed_order, "use hashed or sequential")
     _require(e.arm_controller in ("OSC_POSE", "OSC_POSITION"), "env.arm_controller", e.arm_controller,
              "use OSC_POSE or OSC_POSITION")
-    _require(e.arm_controller == "OSC_POSE" or e.name == "robosuite", "env.arm_controller", e.arm_controller,
-             f"only env.name=robosuite can change its arm controller (env.name={e.name!r})")
+    _require(e.arm_controller == "OSC_POSE" or e.name in ("robosuite", "libero"), "env.arm_controller", e.arm_controller,
+             f"only env.name=robosuite or libero can change its arm controller (env.name={e.name!r})")
     _require(e.horizon >= 1, "env.horizon", e.horizon, "must be >= 1")
     _require(e.max_failed_starts >= 0, "env.max_failed_starts", e.max_failed_starts, "must be >= 0")
     _require(len(e.cameras) >= 1, "env.cameras", e.cameras, "name at least one camera")

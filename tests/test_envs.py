@@ -218,7 +218,7 @@ def test_position_only_arm_is_refused_where_it_does_not_apply():
     from rlvla3.config import ConfigError
     from rlvla3.world import validate
 
-    with pytest.raises(ConfigError, match="only env.name=robosuite"):
+    with pytest.raises(ConfigError, match="only env.name=robosuite or libero"):
         validate(compose(["env=metaworld_pickplace", "env.arm_controller=OSC_POSITION"]))
     with pytest.raises(ConfigError, match="OSC_POSE or OSC_POSITION"):
         validate(compose(["env.arm_controller=JOINT_VELOCITY"]))

@@ -371,6 +371,34 @@ def test_the_expert_puts_a_libero_spatial_bowl_on_the_plate_from_a_fixed_state()
     assert got["done"] and got["goal"] == "on", got
 
 
+def test_position_control_takes_4d_actions_holds_the_hand_and_the_expert_still_succeeds():
+    """env.arm_controller=OSC_POSITION on LIBERO: robosuite 1.4's own position controller, 4-D
+    actions (position 3 + gripper) from the env's dims to the expert's; the hand keeps the
+    orientation it starts with through a whole expert episode (libero_object task 0, fixed state 0)."""
+    from rlvla3.envs import env_dims
+
+    cfg = compose(["env=libero", "env.suite=libero_object", "env.task_ids=[0]", "env.image_size=64",
+                   "env.cameras=[agentview]", "env.init_states=fixed", "env.arm_controller=OSC_POSITION"])
+    assert env_dims(cfg).action_dim == 4
+    got = in_libero(cfg, """
+        env.reset(0)
+        q0 = env.raw["robot0_eef_quat"].copy()
+        sizes, turn = set(), 0.0
+        for t in range(280):
+            a = env.expert_action()
+            sizes.add(a.shape[0])
+            done = env.step(a)[2]
+            turn = max(turn, 2 * np.degrees(np.arccos(min(1.0, abs(float(q0 @ env.raw["robot0_eef_quat"]))))))
+            if done:
+                break
+        print(json.dumps({"done": bool(done), "steps": t + 1, "sizes": sorted(sizes), "turn_deg": turn,
+                          "controller": type(env.env.env.robots[0].controller).__name__,
+                          "control_dim": int(env.env.env.robots[0].controller.control_dim)}))
+    """)
+    assert got["done"] and got["sizes"] == [4] and got["control_dim"] == 3, got
+    assert got["turn_deg"] < 2.0, got   # OSC_POSE with the tiny VLA's zero-rotation bin drifts ~7 degrees an episode
+
+
 def test_collect_refuses_a_libero_task_the_expert_cannot_do(tmp_path):
     """libero_goal task 0 opens a drawer (not pick-and-place): refused before any rank starts,
     naming the tasks of the suite that do have an expert."""

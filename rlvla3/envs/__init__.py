@@ -25,7 +25,8 @@ def env_dims(cfg) -> EnvDims:
         from .toy import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = 1, PROPRIO_DIM, ACTION_DIM
     elif e.name == "robosuite":
-        from .robosuite_env import ACTION_DIMS, PROPRIO_DIM
+        from .base import ACTION_DIMS
+        from .robosuite_env import PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIMS[e.arm_controller]
     elif e.name == "robocasa":
         from .robocasa_env import ACTION_DIM, PROPRIO_DIM
@@ -34,8 +35,9 @@ def env_dims(cfg) -> EnvDims:
         from .metaworld_env import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
     elif e.name == "libero":
-        from .libero_env import ACTION_DIM, PROPRIO_DIM
-        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM
+        from .base import ACTION_DIMS
+        from .libero_env import PROPRIO_DIM
+        cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIMS[e.arm_controller]
     elif e.name == "maniskill":
         from .maniskill_env import ACTION_DIM, PROPRIO_DIM
         cams, prop, act = len(e.cameras), PROPRIO_DIM, ACTION_DIM

@@ -41,6 +41,23 @@ class StepOut:
     actions: np.ndarray | None = None   # expert steps: the action the expert took [steps, A]
 
 
+# robosuite's operational-space arm controllers (robosuite and LIBERO): the action size with the
+# gripper, and where an OSC_POSE action's entries sit in an OSC_POSITION one.
+ACTION_DIMS = {"OSC_POSE": 7, "OSC_POSITION": 4}
+POSITION_AND_GRIPPER = [0, 1, 2, 6]
+
+
+def for_controller(action: np.ndarray, controller: str, task: str) -> np.ndarray:
+    """An expert's OSC_POSE action as `controller` takes it: OSC_POSITION keeps position and
+    gripper, and refuses an expert that turns the hand (that controller holds its orientation)."""
+    if controller == "OSC_POSE":
+        return action
+    if np.abs(action[3:6]).max() > 1e-6:
+        raise ValueError(f"the {task} expert turns the hand (rotation {action[3:6]}), which "
+                         "env.arm_controller=OSC_POSITION cannot do: use env.arm_controller=OSC_POSE")
+    return action[POSITION_AND_GRIPPER]
+
+
 def child_env_vars() -> None:
     """Headless GL default for rendering children (EGL; set MUJOCO_GL=osmesa to switch)."""
     os.environ.setdefault("MUJOCO_GL", "egl")

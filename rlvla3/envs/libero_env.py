@@ -12,7 +12,10 @@ As the published evaluation scripts drive LIBERO (OpenVLA, OpenVLA-OFT, openpi):
   180° (`img[::-1, ::-1]`: MuJoCo renders bottom-up); proprio 8 = end-effector position 3 +
   axis-angle 3 (from robosuite's xyzw quaternion) + gripper joint positions 2 (OFT's layout;
   robosuite's own adapter gives position 3 + quaternion 4 + gripper 2).
-- Action: 7-D delta end-effector (OSC_POSE: position 3, axis-angle 3) + gripper (-1 open, +1 close).
+- Action: 7-D delta end-effector (OSC_POSE: position 3, axis-angle 3) + gripper (-1 open, +1 close),
+  as the published checkpoints act; env.arm_controller=OSC_POSITION: 4-D, position 3 + gripper
+  (robosuite 1.4's own OSC_POSITION holds the hand's orientation), for policies of our own on
+  tasks whose expert never turns the hand (every pick-and-place task the expert does).
 - Each episode starts with env.settle_steps no-op actions (arm still, gripper open) so the
   objects settle; they are not policy steps. Success is LIBERO's BDDL goal check after a step,
   which ends the episode with reward 1.
@@ -37,14 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import LazyCameras, Obs
+from .base import LazyCameras, Obs, for_controller
 
 SUITES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 PROPRIO_DIM = 8
-ACTION_DIM = 7
-NO_OP = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)   # arm still, gripper open
+NO_OP = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)   # arm still, gripper open (OSC_POSE)
 FIXED_STATES = 50
 
 
@@ -171,7 +173,7 @@ class LiberoEnv:
                 bddl_file_name=self.suite.get_task_bddl_file_path(task), camera_names=list(self.c.cameras),
                 camera_heights=self.c.image_size, camera_widths=self.c.image_size,
                 horizon=self.c.horizon + self.c.settle_steps + 10,   # robosuite refuses steps past its own horizon
-                hard_reset=self.c.hard_reset)
+                hard_reset=self.c.hard_reset, controller=self.c.arm_controller)
             if self.c.fast_render:
                 self.envs[task].env.set_xml_processor(no_msaa)
             self.lazy[task] = LazyCameras(self.envs[task].env, self.c.cameras)
@@ -194,9 +196,10 @@ class LiberoEnv:
         if self.c.fast_render:
             self._fast_render()
         forget_last_episode(self.env.env)
+        no_op = for_controller(NO_OP, self.c.arm_controller, "no-op")
         for k in range(self.c.settle_steps):
             self.cameras.wanted = k == self.c.settle_steps - 1
-            raw, _, _, _ = self.env.step(NO_OP)
+            raw, _, _, _ = self.env.step(no_op)
         if not self.c.settle_steps:
             raw = self.cameras.redraw()
         return self._obs(raw)
@@ -207,7 +210,7 @@ class LiberoEnv:
             from .libero_experts import LiberoPickPlace
 
             self.expert = LiberoPickPlace(self.env.env)
-        return self.expert.act(self.raw).astype(np.float32)
+        return for_controller(self.expert.act(self.raw).astype(np.float32), self.c.arm_controller, self.instruction)
 
     def _fast_render(self) -> None:
         """MSAA off on a context made with it (the one made at construction, before the XML hook):

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import LazyCameras, Obs, child_env_vars
+from .base import LazyCameras, Obs, child_env_vars, for_controller
 
 PROPRIO_DIM = 9
-ACTION_DIMS = {"OSC_POSE": 7, "OSC_POSITION": 4}
-POSITION_AND_GRIPPER = [0, 1, 2, 6]   # the OSC_POSITION entries of an OSC_POSE action
 INSTRUCTIONS = {"Lift": "lift the cube", "Stack": "stack the red cube on the green cube",
                 "Door": "open the door", "PickPlaceCan": "put the can in its bin"}
 
@@ -123,13 +121,7 @@ class RobosuiteEnv:
         if self.expert is None:
             raise NotImplementedError(f"robosuite task {self.c.task!r} has no scripted expert yet "
                                       f"(experts exist for {sorted(__import__('rlvla3.envs.experts', fromlist=['EXPERTS']).EXPERTS)})")
-        action = self.expert.act(self.raw).astype(np.float32)
-        if self.c.arm_controller == "OSC_POSITION":
-            if np.abs(action[3:6]).max() > 1e-6:
-                raise ValueError(f"the {self.c.task} expert turns the hand (rotation {action[3:6]}), which "
-                                 "env.arm_controller=OSC_POSITION cannot do: use env.arm_controller=OSC_POSE")
-            action = action[POSITION_AND_GRIPPER]
-        return action
+        return for_controller(self.expert.act(self.raw).astype(np.float32), self.c.arm_controller, self.c.task)
 
     def _obs(self, raw: dict) -> Obs:
         self.raw = raw

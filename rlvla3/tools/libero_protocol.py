@@ -169,6 +169,7 @@ def report(result: dict) -> str:
     lines = [f"LIBERO protocol  {result['suite_name']}  {result['states']} states/task{repeats}  step limit {result['max_steps']}"
              f"{'' if result['standard_step_limit'] else ' (NOT the suite limit)'}  settle {result['settle_steps']}  "
              f"{'greedy' if result.get('greedy') else 'sampled'} actions  "
+             f"{result.get('arm_controller', 'OSC_POSE')}  "
              + "  ".join(f"{k} {v}" for k, v in result["versions"].items()),
              f"{'task':>4}  {'success':>9}  {'rate':>6}  {'95% Wilson':>13}  {'mean len':>8}  instruction"]
     for t, r in result["tasks"].items():
@@ -215,7 +216,7 @@ def main(a, ckpt: Path, run_dir: Path) -> int:
               "average_last": a.average_last, "states": a.states, "repeats": a.repeats,
               "max_steps": cfg.env.horizon, "standard_step_limit": cfg.env.horizon == MAX_STEPS[cfg.env.suite],
               "settle_steps": cfg.env.settle_steps, "image_size": cfg.env.image_size, "cameras": list(cfg.env.cameras),
-              "fast_render": cfg.env.fast_render, "greedy": cfg.generator.greedy,
+              "fast_render": cfg.env.fast_render, "greedy": cfg.generator.greedy, "arm_controller": cfg.env.arm_controller,
               "versions": facts["versions"], "num_envs": cfg.env.num_envs,
               "wall_s": wall, "wall_s_per_episode": wall / want, "warning": warning, **table}
     (run_dir / "protocol.json").write_text(json.dumps(result, indent=1))
