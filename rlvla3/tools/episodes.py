@@ -19,6 +19,12 @@ def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def eval_rounds(cfg, episodes: int) -> int:
+    """Rollout steps of an evaluation of about `episodes` episodes: each runs one episode in every
+    env, so it runs this times env.num_envs episodes (at least `episodes`)."""
+    return math.ceil(episodes / cfg.env.num_envs)
+
+
 def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
     """Config sections that turn `cfg` into an evaluation run of about `episodes` episodes."""
     seg = math.ceil(cfg.env.horizon / cfg.policy.chunk)
@@ -26,7 +32,7 @@ def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
     return {"policy": {"init_from": checkpoint}, "runtime": {"evaluate": True},
             "algo": {"segment_steps": seg, "rollout_batch": rollout, "global_batch": rollout,
                      "micro_batch": min(cfg.algo.micro_batch, rollout), "update_epochs": 1,
-                     "max_versions": math.ceil(episodes / cfg.env.num_envs)}}
+                     "max_versions": eval_rounds(cfg, episodes)}}
 
 
 def evaluation_segments(run_dir: Path, versions: int):

@@ -65,8 +65,9 @@ def eval_args(a, cfg) -> tuple[list[str], str, int]:
     protocol on --eval-episodes / tasks fixed states of each of the run's tasks; beyond the 50
     states, a multiple of 50 a task visits each state that many times (--repeats)."""
     if cfg.env.name != "libero":
-        rounds = -(-a.eval_episodes // cfg.env.num_envs)
-        return ["--episodes", str(a.eval_episodes)], "eval.json", rounds * cfg.env.num_envs
+        from .episodes import eval_rounds
+
+        return ["--episodes", str(a.eval_episodes)], "eval.json", eval_rounds(cfg, a.eval_episodes) * cfg.env.num_envs
     from ..envs.libero_env import FIXED_STATES
 
     tasks = list(cfg.env.task_ids)
