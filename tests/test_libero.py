@@ -3,9 +3,12 @@ the adapter's observation and success wiring, and LIBERO rollouts through the en
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -45,7 +48,10 @@ def test_success_is_the_goal_zero_actions_are_not_and_a_seed_is_one_initial_stat
     test and test_sequential_seeds_...)."""
     cfg = compose(["env=libero", "env.suite=libero_object", "env.task_ids=[0]", "env.image_size=64",
                    "env.cameras=[agentview]", "env.init_states=fixed", "env.settle_steps=0"])
+    left = lambda: set(Path(tempfile.gettempdir()).glob("libero-config-*"))   # noqa: E731
+    before = left()
     got = in_libero(cfg, """
+        import os
         obs = env.reset(0)          # task 0, fixed state 0 (no settle steps: the state as set)
         fixed = env.env.env.sim.get_state().flatten()
         want = env.suite.get_task_init_states(0)[0]
@@ -63,8 +69,11 @@ def test_success_is_the_goal_zero_actions_are_not_and_a_seed_is_one_initial_stat
         print(json.dumps({"images": list(obs.images.shape), "proprio": list(obs.proprio.shape),
                           "instruction": obs.instruction, "still": any(still), "dropped": any(dropped),
                           "fixed": bool(np.allclose(fixed[:len(want)], want, atol=1e-6)),
-                          "same": bool(np.allclose(a, b)), "differs": not np.allclose(a, c)}))
+                          "same": bool(np.allclose(a, b)), "differs": not np.allclose(a, c),
+                          "config": os.environ["LIBERO_CONFIG_PATH"]}))
     """)
+    # LIBERO reads its config folder from one empty folder per user: no folder left per process
+    assert Path(got["config"]).name == f"rlvla3-libero-config-{os.getuid()}" and left() <= before, got
     assert got["images"] == [1, 64, 64, 3] and got["proprio"] == [8]
     assert got["instruction"] == "pick up the alphabet soup and place it in the basket"
     assert not got["still"] and got["dropped"], got

