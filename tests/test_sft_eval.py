@@ -231,14 +231,42 @@ def test_recipe_runs_every_stage_and_writes_its_numbers(tmp_path):
     whole-episode segments), tiny sizes: the plumbing, not the learning. One RL mode (CI time):
     the other is the same stage with another mode override."""
     out = run("rlvla3.recipe", "+experiment=toy_grpo", "--out", str(tmp_path), "--demo-episodes", "16",
-              "--sft-steps", "5", "--versions", "2", "--eval-episodes", "16", "--modes", "async", timeout=900)
+              "--sft-steps", "5", "--versions", "2", "--eval-episodes", "16", "--modes", "async", "--seeds", "3", timeout=900)
     r = json.loads((tmp_path / "recipe.json").read_text())
-    assert set(r["rl"]) == {"async"} and (tmp_path / "recipe.png").stat().st_size > 10_000
-    for mode, x in r["rl"].items():
-        assert len(x["history"]) == 2 and x["env_steps"] > 0, mode
+    assert [(x["mode"], x["seed"]) for x in r["rl"]] == [("async", 3)] and (tmp_path / "recipe.png").stat().st_size > 10_000
+    assert "seed: 3" in (tmp_path / "rl-async-seed3" / "config.yaml").read_text().splitlines()
+    for x in r["rl"]:
+        assert len(x["history"]) == 2 and x["env_steps"] > 0
         assert x["eval"]["episodes"] == 16 and 0 <= x["eval"]["success_rate"] <= 1
+    assert r["modes"]["async"]["seeds"] == [3] and r["modes"]["async"]["env_steps_per_s"] > 0
     assert r["sft_eval"]["episodes"] == 16
-    assert "RL async" in out.stdout and "SFT" in out.stdout
+    assert "RL async seed 3" in out.stdout and "SFT" in out.stdout
+
+
+def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seeds(tmp_path):
+    import argparse
+
+    from rlvla3.cluster.compose import compose
+    from rlvla3.tools.recipe import mode_summaries, plot, rl_runs
+
+    cfg = compose(["+experiment=toy_grpo", "seed=7"])
+    assert rl_runs(argparse.Namespace(modes="sync,async", seeds=""), cfg) == [("sync", 7), ("async", 7)]
+    assert rl_runs(argparse.Namespace(modes="async", seeds="0, 1"), cfg) == [("async", 0), ("async", 1)]
+    assert rl_runs(argparse.Namespace(modes="", seeds="0,1"), cfg) == []
+
+    def run_of(mode, seed, success, env_steps, wall):
+        history = [{"episodes": 8, "success": success, "env_steps": env_steps / 2, "t": wall * (v + 1) / 2} for v in range(2)]
+        return {"mode": mode, "seed": seed, "history": history, "wall_s": wall, "env_steps": env_steps,
+                "eval": {"success_rate": success, "wilson95": [success - 0.1, success + 0.1], "episodes": 50}}
+
+    runs = [run_of("sync", 0, 0.2, 1000, 100), run_of("sync", 1, 0.4, 1000, 300),
+            run_of("async", 0, 0.3, 1200, 100), run_of("async", 1, 0.5, 800, 100)]
+    m = mode_summaries(runs)
+    assert list(m) == ["sync", "async"] and m["sync"]["seeds"] == [0, 1]
+    assert m["sync"]["mean_success"] == pytest.approx(0.3) and m["sync"]["env_steps_per_s"] == pytest.approx(5.0)
+    assert m["async"]["mean_success"] == pytest.approx(0.4) and m["async"]["env_steps_per_s"] == pytest.approx(10.0)
+    plot({"rl": runs, "sft_eval": {"wilson95": [0.1, 0.2]}}, tmp_path / "recipe.png")   # four runs, one figure
+    assert (tmp_path / "recipe.png").stat().st_size > 10_000
 
 
 def test_average_last_checkpoints_is_the_mean_of_the_run_versions_ending_there(tmp_path):

@@ -5,11 +5,11 @@ command, sync and async side by side.
     2. SFT warm start                 python -m rlvla3.sft
     3. evaluate the SFT checkpoint    python -m rlvla3.evaluate (held-out seeds, Wilson interval;
                                       LIBERO: its protocol on the fixed states, held out from training)
-    4. RL from it, mode=sync and mode=async, the same settings otherwise
-    5. evaluate both final checkpoints the same way
+    4. RL from it, mode=sync and mode=async (and each --seeds), the same settings otherwise
+    5. evaluate every final checkpoint the same way
 
 Writes `recipe.json` (every number) and `recipe.png`: training success vs env steps (sample
-efficiency) and vs wall time (throughput) for both modes, with the evaluations as intervals.
+efficiency) and vs wall time (throughput) for every run, with the evaluations as intervals.
 Each step is the same command a user would run by hand; the overrides pick env and policy.
 
     python -m rlvla3.recipe +experiment=toy --out runs/recipe-toy
@@ -80,6 +80,44 @@ def eval_args(a, cfg) -> tuple[list[str], str, int]:
             f"env.task_ids=[{','.join(map(str, tasks))}]"], "protocol.json", len(tasks) * states * repeats
 
 
+def rl_runs(a, cfg) -> list[tuple[str, int]]:
+    """(mode, seed) of every RL stage: each mode once per seed."""
+    seeds = [int(x) for x in a.seeds.split(",") if x.strip()] if a.seeds.strip() else [int(cfg.seed)]
+    return [(mode, seed) for mode in a.modes.split(",") if mode for seed in seeds]
+
+
+def run_name(r: dict) -> str:
+    return f"{r['mode']} seed {r['seed']}"
+
+
+def rl_stage(out: Path, mode: str, seed: int, a, ov: list[str], cfg) -> dict:
+    """One RL run from the recipe's SFT checkpoint and the evaluation of its last checkpoint."""
+    run, evaluation = out / f"rl-{mode}-seed{seed}", out / f"eval-{mode}-seed{seed}"
+    if a.resume and finished_run(run, a.versions):
+        print(f"  {mode} seed {seed}: kept {run}", flush=True)
+    else:
+        for stale in (run, evaluation):   # an interrupted stage starts over
+            shutil.rmtree(stale, ignore_errors=True)
+        step(["rlvla3.launch", *ov, f"mode={mode}", f"seed={seed}", f"policy.init_from={(out / 'sft.pt').resolve()}",
+              f"algo.max_versions={a.versions}", "runtime.tensorboard=false", f"hydra.run.dir={run}"],
+             run.with_suffix(".log"))
+    ckpt = sorted((run / "ckpt").glob("v*.pt"))[-1]
+    history = json.loads((run / "summary.json").read_text())["history"]
+    return {"mode": mode, "seed": seed, "history": history, "wall_s": history[-1]["t"],
+            "env_steps": sum(h["env_steps"] for h in history), "eval": evaluate(ckpt, evaluation, a, ov, cfg)}
+
+
+def mode_summaries(runs: list[dict]) -> dict:
+    """Per mode over its seeds: the mean held-out success and the training throughput."""
+    out = {}
+    for mode in dict.fromkeys(r["mode"] for r in runs):
+        rs = [r for r in runs if r["mode"] == mode]
+        out[mode] = {"seeds": [r["seed"] for r in rs],
+                     "mean_success": sum(r["eval"]["success_rate"] for r in rs) / len(rs),
+                     "env_steps_per_s": sum(r["env_steps"] for r in rs) / sum(r["wall_s"] for r in rs)}
+    return out
+
+
 def finished_run(run: Path, versions: int) -> bool:
     """An RL stage that trained all its versions (--resume keeps it; a partial one is redone)."""
     f = run / "summary.json"
@@ -107,16 +145,18 @@ def plot(result: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     colors = {"sync": "tab:blue", "async": "tab:orange"}
-    for mode, r in result["rl"].items():
-        h = r["history"]
+    seeds = sorted({r["seed"] for r in result["rl"]})
+    styles = dict(zip(seeds, ["-", "--", ":", "-."] * len(seeds)))
+    for r in result["rl"]:
+        h, color, style = r["history"], colors[r["mode"]], styles[r["seed"]]
         steps = [sum(x["env_steps"] for x in h[:i + 1]) for i in range(len(h))]
         succ = smoothed_success(h, SMOOTH)
-        axes[0].plot(steps, succ, color=colors[mode], label=f"{mode} (training episodes, last {SMOOTH} versions)")
-        axes[1].plot([x["t"] for x in h], succ, color=colors[mode], label=mode)
+        axes[0].plot(steps, succ, style, color=color, label=f"{run_name(r)} (training episodes, last {SMOOTH} versions)")
+        axes[1].plot([x["t"] for x in h], succ, style, color=color, label=run_name(r))
         lo, hi = r["eval"]["wilson95"]
         for ax, x in ((axes[0], steps[-1]), (axes[1], h[-1]["t"])):
             ax.errorbar([x], [r["eval"]["success_rate"]], yerr=[[r["eval"]["success_rate"] - lo], [hi - r["eval"]["success_rate"]]],
-                        fmt="s", color=colors[mode], capsize=4)
+                        fmt="s", color=color, capsize=4)
     lo, hi = result["sft_eval"]["wilson95"]
     for ax in axes:
         ax.axhspan(lo, hi, color="gray", alpha=0.25, label="SFT evaluation (95% Wilson)")
@@ -143,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="evaluation episodes per checkpoint (LIBERO: the protocol's fixed states; beyond 50 a task, "
                          "a multiple of 50 repeats each state)")
     ap.add_argument("--modes", default="sync,async", help="RL modes to run ('': demos, SFT and its evaluation only)")
+    ap.add_argument("--seeds", default="",
+                    help="RL seeds, comma-separated: each mode runs once per seed from the same SFT checkpoint "
+                         "(default: the config's seed)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the stages --out already holds (demos, sft.pt, evaluations, finished RL runs)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every stage (env, policy, ...)")
@@ -161,32 +204,23 @@ def main(argv: list[str] | None = None) -> int:
         step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps),
               *(["--lr-decay"] if a.sft_lr_decay else []), "--shift", str(a.sft_shift), "--out", str(out / "sft.pt"), *ov],
              out / "sft.log")
-    result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov, cfg), "rl": {}}
-    for mode in [m for m in a.modes.split(",") if m]:
-        run = out / f"rl-{mode}"
-        if a.resume and finished_run(run, a.versions):
-            print(f"  {mode}: kept {run}", flush=True)
-        else:
-            for stale in (run, out / f"eval-{mode}"):   # an interrupted stage starts over
-                shutil.rmtree(stale, ignore_errors=True)
-            step(["rlvla3.launch", *ov, f"mode={mode}", f"policy.init_from={(out / 'sft.pt').resolve()}",
-                  f"algo.max_versions={a.versions}", "runtime.tensorboard=false", f"hydra.run.dir={run}"],
-                 out / f"rl-{mode}.log")
-        ckpt = sorted((run / "ckpt").glob("v*.pt"))[-1]
-        summary = json.loads((run / "summary.json").read_text())
-        result["rl"][mode] = {"history": summary["history"], "wall_s": summary["history"][-1]["t"],
-                              "env_steps": sum(h["env_steps"] for h in summary["history"]),
-                              "eval": evaluate(ckpt, out / f"eval-{mode}", a, ov, cfg)}
+    result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov, cfg), "rl": []}
+    for mode, seed in rl_runs(a, cfg):
+        result["rl"].append(rl_stage(out, mode, seed, a, ov, cfg))
+    result["modes"] = mode_summaries(result["rl"])
     result["wall_s"] = time.time() - t0
     (out / "recipe.json").write_text(json.dumps(result, indent=1))
     plot(result, out / "recipe.png")
     e = result["sft_eval"]
     print(f"\nSFT            success {e['success_rate']:.3f}  95% [{e['wilson95'][0]:.3f}, {e['wilson95'][1]:.3f}]  "
           f"({e['episodes']} held-out episodes)")
-    for mode, r in result["rl"].items():
+    for r in result["rl"]:
         e = r["eval"]
-        print(f"RL {mode:11s} success {e['success_rate']:.3f}  95% [{e['wilson95'][0]:.3f}, {e['wilson95'][1]:.3f}]  "
+        print(f"RL {run_name(r):15s} success {e['success_rate']:.3f}  95% [{e['wilson95'][0]:.3f}, {e['wilson95'][1]:.3f}]  "
               f"after {r['env_steps']} env steps in {r['wall_s']:.0f}s of training")
+    for mode, m in result["modes"].items():
+        print(f"{mode:6s} mean success {m['mean_success']:.3f} over seeds {m['seeds']}; "
+              f"{m['env_steps_per_s']:.1f} env steps/s of training")
     print(f"total {result['wall_s']:.0f}s; plot {out / 'recipe.png'}")
     return 0
 
