@@ -82,7 +82,10 @@ def eval_args(a, cfg) -> tuple[list[str], str, int]:
 
 def rl_runs(a, cfg) -> list[tuple[str, int]]:
     """(mode, seed) of every RL stage: each mode once per seed."""
-    seeds = [int(x) for x in a.seeds.split(",") if x.strip()] if a.seeds.strip() else [int(cfg.seed)]
+    try:
+        seeds = [int(x) for x in a.seeds.split(",") if x.strip()] if a.seeds.strip() else [int(cfg.seed)]
+    except ValueError:
+        raise SystemExit(f"--seeds={a.seeds!r}: give whole numbers separated by commas, e.g. --seeds 0,1") from None
     return [(mode, seed) for mode in a.modes.split(",") if mode for seed in seeds]
 
 
@@ -196,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..cluster.compose import compose
 
     cfg = compose(ov)   # bad overrides stop here, before any stage runs
+    runs = rl_runs(a, cfg)
     t0 = time.time()
     print(f"recipe in {out}:", flush=True)
     if not (a.resume and any((out / "demos" / "shards").glob("s*"))):
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
               *(["--lr-decay"] if a.sft_lr_decay else []), "--shift", str(a.sft_shift), "--out", str(out / "sft.pt"), *ov],
              out / "sft.log")
     result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov, cfg), "rl": []}
-    for mode, seed in rl_runs(a, cfg):
+    for mode, seed in runs:
         result["rl"].append(rl_stage(out, mode, seed, a, ov, cfg))
     result["modes"] = mode_summaries(result["rl"])
     result["wall_s"] = time.time() - t0
