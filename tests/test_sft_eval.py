@@ -255,6 +255,8 @@ def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seed
     assert rl_runs(argparse.Namespace(modes="", seeds="0,1"), cfg) == []
     with pytest.raises(SystemExit, match="--seeds='0;1': give whole numbers separated by commas"):
         rl_runs(argparse.Namespace(modes="async", seeds="0;1"), cfg)
+    with pytest.raises(SystemExit, match="--modes='sync,asnyc': no mode 'asnyc'; choose from async,sync"):
+        rl_runs(argparse.Namespace(modes="sync,asnyc", seeds=""), cfg)
 
     def run_of(mode, seed, success, env_steps, wall):
         history = [{"episodes": 8, "success": success, "env_steps": env_steps / 2, "t": wall * (v + 1) / 2} for v in range(2)]

@@ -81,12 +81,19 @@ def eval_args(a, cfg) -> tuple[list[str], str, int]:
 
 
 def rl_runs(a, cfg) -> list[tuple[str, int]]:
-    """(mode, seed) of every RL stage: each mode once per seed."""
+    """(mode, seed) of every RL stage: each mode once per seed; a bad mode or seed stops here."""
     try:
         seeds = [int(x) for x in a.seeds.split(",") if x.strip()] if a.seeds.strip() else [int(cfg.seed)]
     except ValueError:
         raise SystemExit(f"--seeds={a.seeds!r}: give whole numbers separated by commas, e.g. --seeds 0,1") from None
-    return [(mode, seed) for mode in a.modes.split(",") if mode for seed in seeds]
+    modes = [mode for mode in a.modes.split(",") if mode]
+    from ..cluster.compose import CONF_DIR
+
+    known = sorted(f.stem for f in (CONF_DIR / "mode").glob("*.yaml"))
+    for mode in modes:
+        if mode not in known:   # found here, not after collection and SFT have run
+            raise SystemExit(f"--modes={a.modes!r}: no mode {mode!r}; choose from {','.join(known)} (comma-separated)")
+    return [(mode, seed) for mode in modes for seed in seeds]
 
 
 def run_name(r: dict) -> str:
