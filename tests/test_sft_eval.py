@@ -259,7 +259,8 @@ def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seed
         rl_runs(argparse.Namespace(modes="sync,asnyc", seeds=""), cfg)
 
     def run_of(mode, seed, success, env_steps, wall):
-        history = [{"episodes": 8, "success": success, "env_steps": env_steps / 2, "t": wall * (v + 1) / 2} for v in range(2)]
+        history = [{"version": v + 1, "episodes": 8, "success": success, "env_steps": env_steps / 2, "t": wall * (v + 1) / 2}
+                   for v in range(2)]
         return {"mode": mode, "seed": seed, "history": history, "wall_s": wall, "env_steps": env_steps,
                 "eval": {"success_rate": success, "wilson95": [success - 0.1, success + 0.1], "episodes": 50}}
 
@@ -271,6 +272,21 @@ def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seed
     assert m["async"]["mean_success"] == pytest.approx(0.4) and m["async"]["env_steps_per_s"] == pytest.approx(10.0)
     plot({"rl": runs, "sft_eval": {"wilson95": [0.1, 0.2]}}, tmp_path / "recipe.png")   # four runs, one figure
     assert (tmp_path / "recipe.png").stat().st_size > 10_000
+
+
+def test_training_success_by_quarter_pools_the_seeds_over_the_versions_every_run_reached():
+    from rlvla3.tools.episodes import wilson
+    from rlvla3.tools.recipe import success_by_quarter
+
+    def history(successes):   # 8 episodes a version
+        return [{"version": v + 1, "episodes": 8, "success": k / 8} for v, k in enumerate(successes)]
+
+    parts = success_by_quarter([history(range(8)), history([8] * 6)])   # 6 versions in common
+    assert [q["versions"] for q in parts] == [[1, 1], [2, 3], [4, 4], [5, 6]]
+    assert [q["episodes"] for q in parts] == [16, 32, 16, 32]
+    assert [q["success"] for q in parts] == [8 / 16, 19 / 32, 11 / 16, 25 / 32]
+    assert parts[0]["wilson95"] == list(wilson(8, 16))
+    assert [q["versions"] for q in success_by_quarter([history([1, 2])])] == [[1, 1], [2, 2]]
 
 
 def test_average_last_checkpoints_is_the_mean_of_the_run_versions_ending_there(tmp_path):

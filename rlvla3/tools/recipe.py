@@ -118,14 +118,35 @@ def rl_stage(out: Path, mode: str, seed: int, a, ov: list[str], cfg) -> dict:
 
 
 def mode_summaries(runs: list[dict]) -> dict:
-    """Per mode over its seeds: the mean held-out success and the training throughput."""
+    """Per mode over its seeds: the mean held-out success, the training throughput, and training
+    success by quarter of the versions (sample efficiency, compared across modes at equal samples)."""
     out = {}
     for mode in dict.fromkeys(r["mode"] for r in runs):
         rs = [r for r in runs if r["mode"] == mode]
         out[mode] = {"seeds": [r["seed"] for r in rs],
                      "mean_success": sum(r["eval"]["success_rate"] for r in rs) / len(rs),
-                     "env_steps_per_s": sum(r["env_steps"] for r in rs) / sum(r["wall_s"] for r in rs)}
+                     "env_steps_per_s": sum(r["env_steps"] for r in rs) / sum(r["wall_s"] for r in rs),
+                     "training_success_by_quarter": success_by_quarter([r["history"] for r in rs])}
     return out
+
+
+def success_by_quarter(histories: list[list[dict]]) -> list[dict]:
+    """Training success over each quarter of the versions every run reached (fewer parts for fewer
+    versions), the episodes of all runs pooled, with its Wilson interval: a version is a fixed
+    number of episodes, so equal quarters are equal samples in every mode."""
+    from .episodes import wilson
+
+    n = min(len(h) for h in histories)
+    k = min(4, n)
+    parts = []
+    for q in range(k):
+        versions = [v for h in histories for v in h[q * n // k:(q + 1) * n // k]]
+        episodes = sum(v["episodes"] for v in versions)
+        successes = round(sum(v["success"] * v["episodes"] for v in versions))
+        parts.append({"versions": [versions[0]["version"], versions[-1]["version"]], "episodes": episodes,
+                      "success": successes / episodes if episodes else float("nan"),
+                      "wilson95": list(wilson(successes, episodes))})
+    return parts
 
 
 def finished_run(run: Path, versions: int) -> bool:
@@ -232,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     for mode, m in result["modes"].items():
         print(f"{mode:6s} mean success {m['mean_success']:.3f} over seeds {m['seeds']}; "
               f"{m['env_steps_per_s']:.1f} env steps/s of training")
+    for mode, m in result["modes"].items():
+        print(f"{mode:6s} training success by quarter of the versions (seeds pooled): " + "  ".join(
+            f"v{q['versions'][0]}-{q['versions'][1]} {q['success']:.3f} [{q['wilson95'][0]:.3f}, {q['wilson95'][1]:.3f}]"
+            for q in m["training_success_by_quarter"]))
     print(f"total {result['wall_s']:.0f}s; plot {out / 'recipe.png'}")
     return 0
 
