@@ -278,14 +278,15 @@ def test_training_success_by_quarter_pools_the_seeds_over_the_versions_every_run
     from rlvla3.tools.episodes import wilson
     from rlvla3.tools.recipe import success_by_quarter
 
-    def history(successes):   # 8 episodes a version
-        return [{"version": v + 1, "episodes": 8, "success": k / 8} for v, k in enumerate(successes)]
+    def history(successes):   # 8 episodes and 100 env steps a version
+        return [{"version": v + 1, "episodes": 8, "success": k / 8, "env_steps": 100} for v, k in enumerate(successes)]
 
     parts = success_by_quarter([history(range(8)), history([8] * 6)])   # 6 versions in common
     assert [q["versions"] for q in parts] == [[1, 1], [2, 3], [4, 4], [5, 6]]
     assert [q["episodes"] for q in parts] == [16, 32, 16, 32]
     assert [q["success"] for q in parts] == [8 / 16, 19 / 32, 11 / 16, 25 / 32]
     assert parts[0]["wilson95"] == list(wilson(8, 16))
+    assert [q["env_steps"] for q in parts] == [50, 200, 350, 500]   # the quarters' middles
     assert [q["versions"] for q in success_by_quarter([history([1, 2])])] == [[1, 1], [2, 2]]
 
 

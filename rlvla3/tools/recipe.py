@@ -132,20 +132,23 @@ def mode_summaries(runs: list[dict]) -> dict:
 
 def success_by_quarter(histories: list[list[dict]]) -> list[dict]:
     """Training success over each quarter of the versions every run reached (fewer parts for fewer
-    versions), the episodes of all runs pooled, with its Wilson interval: a version is a fixed
-    number of episodes, so equal quarters are equal samples in every mode."""
+    versions), the episodes of all runs pooled, with its Wilson interval and the runs' mean env
+    steps at the quarter's middle: a version is a fixed number of episodes, so equal quarters are
+    equal samples in every mode."""
     from .episodes import wilson
 
     n = min(len(h) for h in histories)
     k = min(4, n)
     parts = []
     for q in range(k):
-        versions = [v for h in histories for v in h[q * n // k:(q + 1) * n // k]]
+        lo, hi = q * n // k, (q + 1) * n // k
+        versions = [v for h in histories for v in h[lo:hi]]
         episodes = sum(v["episodes"] for v in versions)
         successes = round(sum(v["success"] * v["episodes"] for v in versions))
+        middle = [sum(v["env_steps"] for v in h[:lo]) + sum(v["env_steps"] for v in h[lo:hi]) / 2 for h in histories]
         parts.append({"versions": [versions[0]["version"], versions[-1]["version"]], "episodes": episodes,
                       "success": successes / episodes if episodes else float("nan"),
-                      "wilson95": list(wilson(successes, episodes))})
+                      "wilson95": list(wilson(successes, episodes)), "env_steps": sum(middle) / len(middle)})
     return parts
 
 
@@ -174,7 +177,7 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4), sharey=True)
     colors = {"sync": "tab:blue", "async": "tab:orange"}
     seeds = sorted({r["seed"] for r in result["rl"]})
     styles = dict(zip(seeds, ["-", "--", ":", "-."] * len(seeds)))
@@ -188,6 +191,11 @@ def plot(result: dict, path: Path) -> None:
         for ax, x in ((axes[0], steps[-1]), (axes[1], h[-1]["t"])):
             ax.errorbar([x], [r["eval"]["success_rate"]], yerr=[[r["eval"]["success_rate"] - lo], [hi - r["eval"]["success_rate"]]],
                         fmt="s", color=color, capsize=4)
+    for mode, m in mode_summaries(result["rl"]).items():   # sample efficiency: each mode's seeds pooled
+        qs = m["training_success_by_quarter"]
+        axes[2].errorbar([q["env_steps"] for q in qs], [q["success"] for q in qs], fmt="o-", color=colors[mode], capsize=4,
+                         yerr=[[q["success"] - q["wilson95"][0] for q in qs], [q["wilson95"][1] - q["success"] for q in qs]],
+                         label=f"{mode}, seeds {m['seeds']} pooled (95% Wilson)")
     lo, hi = result["sft_eval"]["wilson95"]
     for ax in axes:
         ax.axhspan(lo, hi, color="gray", alpha=0.25, label="SFT evaluation (95% Wilson)")
@@ -195,8 +203,10 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_xlabel("env steps")
     axes[1].set_xlabel("wall time (s)")
+    axes[2].set_xlabel("env steps (training success by quarter of the versions)")
     axes[0].set_ylabel("success rate")
     axes[0].legend(loc="lower right", fontsize=8)
+    axes[2].legend(loc="lower right", fontsize=8)
     fig.suptitle("SFT warm start, then RL: squares = held-out evaluations of the final checkpoints")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
