@@ -270,7 +270,7 @@ def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seed
     assert list(m) == ["sync", "async"] and m["sync"]["seeds"] == [0, 1]
     assert m["sync"]["mean_success"] == pytest.approx(0.3) and m["sync"]["env_steps_per_s"] == pytest.approx(5.0)
     assert m["async"]["mean_success"] == pytest.approx(0.4) and m["async"]["env_steps_per_s"] == pytest.approx(10.0)
-    plot({"rl": runs, "sft_eval": {"wilson95": [0.1, 0.2]}}, tmp_path / "recipe.png")   # four runs, one figure
+    plot({"rl": runs, "modes": m, "sft_eval": {"wilson95": [0.1, 0.2]}}, tmp_path / "recipe.png")   # four runs, one figure
     assert (tmp_path / "recipe.png").stat().st_size > 10_000
 
 

@@ -191,7 +191,7 @@ def plot(result: dict, path: Path) -> None:
         for ax, x in ((axes[0], steps[-1]), (axes[1], h[-1]["t"])):
             ax.errorbar([x], [r["eval"]["success_rate"]], yerr=[[r["eval"]["success_rate"] - lo], [hi - r["eval"]["success_rate"]]],
                         fmt="s", color=color, capsize=4)
-    for mode, m in mode_summaries(result["rl"]).items():   # sample efficiency: each mode's seeds pooled
+    for mode, m in result["modes"].items():   # sample efficiency: each mode's seeds pooled
         qs = m["training_success_by_quarter"]
         axes[2].errorbar([q["env_steps"] for q in qs], [q["success"] for q in qs], fmt="o-", color=colors[mode], capsize=4,
                          yerr=[[q["success"] - q["wilson95"][0] for q in qs], [q["wilson95"][1] - q["success"] for q in qs]],
@@ -263,7 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     for mode, m in result["modes"].items():
         print(f"{mode:6s} mean success {m['mean_success']:.3f} over seeds {m['seeds']}; "
               f"{m['env_steps_per_s']:.1f} env steps/s of training")
-    for mode, m in result["modes"].items():
         print(f"{mode:6s} training success by quarter of the versions (seeds pooled): " + "  ".join(
             f"v{q['versions'][0]}-{q['versions'][1]} {q['success']:.3f} [{q['wilson95'][0]:.3f}, {q['wilson95'][1]:.3f}]"
             for q in m["training_success_by_quarter"]))
