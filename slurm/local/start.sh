@@ -246,6 +246,19 @@ wait_for "$TIMEOUT" nodes_ok || {
 }
 dbd_ok | grep -qx "$CLUSTER" || die "sacctmgr does not list cluster $CLUSTER" "$STATE/log/slurmdbd.log"
 if [ ${#STARTED[@]} -gt 0 ]; then log "started: ${STARTED[*]}"; fi
+# A controller restarted from its state folder recovers the jobs it last saved as running. With
+# no slurmstepd alive on this machine nothing runs them (the machine restarted, or a CI image
+# kept the folder): they would hold their nodes forever and every later job would pend behind them.
+if [[ " ${STARTED[*]} " == *" slurmctld "* ]] && ! pgrep -x slurmstepd >/dev/null; then
+  stale=$(timeout 10 squeue -h -o %A | sort -u | tr '\n' ' ') || stale=""
+  if [ -n "${stale// /}" ]; then
+    log "cancelling jobs left by the previous controller (no slurmstepd runs them): $stale"
+    # shellcheck disable=SC2086  # one argument per job id
+    scancel $stale || true
+    no_jobs() { [ -z "$(timeout 10 squeue -h -o %A)" ]; }
+    wait_for "$TIMEOUT" no_jobs || die "stale jobs $stale still queued after ${TIMEOUT}s" "$STATE/log/slurmctld.log"
+  fi
+fi
 log "cluster $CLUSTER healthy (nodes up in $(since "$t")); total $(since "$T0")"
 sinfo
 
@@ -259,13 +272,46 @@ t=$(now)
 out=$(timeout "$J" srun -Q -p cpu -N1 -n1 hostname 2>&1) || smoke_fail "srun hostname: $out"
 log "srun -p cpu hostname -> $out ($(since "$t"))"
 
+# srun of a het step under mpi/pmix can wait forever after every task has exited: Slurm 22.05's
+# pmix plugin races between the components' threads in srun (its stack: pmixp_abort_agent_stop
+# under slurm_step_launch_wait_finish; upstream fixed "races with het jobs" in 24.11). It hung 4
+# of 21 such steps here, and once a whole CI run (plain `timeout` sent a SIGTERM srun ignored).
+# So each rank writes its line to a file (the hung component's stdout can be lost); srun gets
+# 10 s after the last file, or $J s in all, then it is killed and its job cancelled.
 t=$(now)
-code='from mpi4py import MPI; import os; c = MPI.COMM_WORLD
-print(c.Get_rank(), c.Get_size(), os.environ.get("CUDA_VISIBLE_DEVICES"), MPI.Get_processor_name(), flush=True)'
-out=$(timeout "$J" srun -Q --mpi=pmix -p cpu -n2 : -p gpu -n2 --gpus-per-task=1 "$PYTHON" -c "$code" 2>&1) ||
-  smoke_fail "MPI het job: $out"
+het_dir=$(mktemp -d)
+code='from mpi4py import MPI; import os, sys; c = MPI.COMM_WORLD
+gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+line = " ".join(map(str, (c.Get_rank(), c.Get_size(), gpus, MPI.Get_processor_name())))
+open(sys.argv[1] + "/rank%d" % c.Get_rank(), "w").write(line + "\n")'
+srun -Q -J rlvla3-smoke-het --mpi=pmix -p cpu -n2 : -p gpu -n2 --gpus-per-task=1 \
+  "$PYTHON" -c "$code" "$het_dir" >"$het_dir/srun.out" 2>&1 &
+het_pid=$!
+het_end=$(($(date +%s) + J)); all_ranks=""; het_note=""
+while alive "$het_pid"; do
+  if [ -z "$all_ranks" ] && [ "$(find "$het_dir" -name 'rank*' -size +0 | wc -l)" = 4 ]; then
+    all_ranks=$(date +%s)
+  fi
+  if [ -n "$all_ranks" ] && [ $(($(date +%s) - all_ranks)) -gt 10 ]; then
+    het_note="srun still waiting 10 s after all 4 ranks finished (the pmix het-step hang): ended it"
+  elif [ "$(date +%s)" -gt "$het_end" ]; then
+    het_note="srun not done after ${J}s: ended it"
+  fi
+  if [ -n "$het_note" ]; then
+    kill -KILL "$het_pid" 2>/dev/null || true
+    scancel -n rlvla3-smoke-het || true
+    log "$het_note"
+    break
+  fi
+  sleep 0.2
+done
+het_rc=0; wait "$het_pid" || het_rc=$?
+out=$(cat "$het_dir"/rank* 2>/dev/null || true)
 echo "$out" | sed 's/^/    /'
-[ "$(awk '$2 == 4' <<<"$out" | wc -l)" = 4 ] || smoke_fail "MPI het job did not print a world of size 4"
+if [ "$(awk '$2 == 4' <<<"$out" | wc -l)" != 4 ]; then
+  smoke_fail "MPI het job (srun exit $het_rc) did not report a world of size 4 from every rank: $(cat "$het_dir/srun.out")"
+fi
+rm -rf "$het_dir"
 log "MPI het job (2 cpu + 2 gpu ranks, one world of 4) ok ($(since "$t"))"
 
 t=$(now)
