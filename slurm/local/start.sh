@@ -250,7 +250,7 @@ if [ ${#STARTED[@]} -gt 0 ]; then log "started: ${STARTED[*]}"; fi
 # no slurmstepd alive on this machine nothing runs them (the machine restarted, or a CI image
 # kept the folder): they would hold their nodes forever and every later job would pend behind them.
 if [[ " ${STARTED[*]} " == *" slurmctld "* ]] && ! pgrep -x slurmstepd >/dev/null; then
-  stale=$(timeout 10 squeue -h -o %A | sort -u | tr '\n' ' ') || stale=""
+  stale=$(timeout 10 squeue -h -t R,CG,S -o %A | sort -u | tr '\n' ' ') || stale=""
   if [ -n "${stale// /}" ]; then
     log "cancelling jobs left by the previous controller (no slurmstepd runs them): $stale"
     # shellcheck disable=SC2086  # one argument per job id
