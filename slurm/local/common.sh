@@ -41,6 +41,26 @@ pid_of() {
   echo "$pid"
 }
 
+# queued_jobs [SQUEUE_ARGS...]: the ids squeue lists with those arguments, space-separated
+# (empty when none, or when slurmctld does not answer within 10 s).
+queued_jobs() { { timeout 10 squeue -h -o %A "$@" 2>/dev/null || true; } | sort -u | tr '\n' ' '; }
+
+# cancel_jobs WAIT WHAT [SQUEUE_ARGS...]: scancel the jobs squeue lists with SQUEUE_ARGS (logged
+# as WHAT), then wait up to WAIT s until it lists none of that kind. Fails if some remain.
+cancel_jobs() {
+  local wait=$1 what=$2 ids i; shift 2
+  ids=$(queued_jobs "$@")
+  [ -n "${ids// /}" ] || return 0
+  log "cancelling $what: $ids"
+  # shellcheck disable=SC2086  # one argument per job id
+  scancel $ids || true
+  for ((i = 0; i < wait * 10; i++)); do
+    [ -z "$(queued_jobs "$@")" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # stop_pids TIMEOUT NAME[:COMM]...: SIGTERM each daemon from its pid file (all at once, so
 # their shutdowns overlap), wait up to TIMEOUT seconds, then SIGKILL whatever is left.
 # COMM (the process name pid_of checks) defaults to NAME.

@@ -249,15 +249,11 @@ if [ ${#STARTED[@]} -gt 0 ]; then log "started: ${STARTED[*]}"; fi
 # A controller restarted from its state folder recovers the jobs it last saved as running. With
 # no slurmstepd alive on this machine nothing runs them (the machine restarted, or a CI image
 # kept the folder): they would hold their nodes forever and every later job would pend behind them.
+# Pending jobs are kept (and not waited for): they have not started, so nothing was lost.
 if [[ " ${STARTED[*]} " == *" slurmctld "* ]] && ! pgrep -x slurmstepd >/dev/null; then
-  stale=$(timeout 10 squeue -h -t R,CG,S -o %A | sort -u | tr '\n' ' ') || stale=""
-  if [ -n "${stale// /}" ]; then
-    log "cancelling jobs left by the previous controller (no slurmstepd runs them): $stale"
-    # shellcheck disable=SC2086  # one argument per job id
-    scancel $stale || true
-    no_jobs() { [ -z "$(timeout 10 squeue -h -o %A)" ]; }
-    wait_for "$TIMEOUT" no_jobs || die "stale jobs $stale still queued after ${TIMEOUT}s" "$STATE/log/slurmctld.log"
-  fi
+  cancel_jobs "$TIMEOUT" "jobs left by the previous controller (no slurmstepd runs them)" -t R,CG,S ||
+    die "jobs left by the previous controller still running after ${TIMEOUT}s: $(queued_jobs -t R,CG,S)" \
+      "$STATE/log/slurmctld.log"
 fi
 log "cluster $CLUSTER healthy (nodes up in $(since "$t")); total $(since "$T0")"
 sinfo

@@ -21,16 +21,7 @@ T0=$(now)
 if [ -d "$STATE/run" ]; then
   # Jobs first: their slurmstepd processes outlive slurmd, and would keep running otherwise.
   if pid_of slurmctld >/dev/null; then
-    jobs=$(timeout 10 squeue -h -o %A 2>/dev/null | sort -u | tr '\n' ' ') || jobs=""
-    if [ -n "${jobs// /}" ]; then
-      log "cancelling jobs: $jobs"
-      # shellcheck disable=SC2086  # one argument per job id
-      scancel $jobs || true
-      for _ in $(seq 300); do   # up to 30 s for them to finish
-        [ -z "$(timeout 10 squeue -h -o %A 2>/dev/null)" ] && break
-        sleep 0.1
-      done
-    fi
+    cancel_jobs 30 jobs || true   # up to 30 s for them to finish; the daemons stop either way
   fi
   # Reverse start order: compute nodes, controller, accounting, database, munge.
   stop_pids 30 "${SLURMDS[@]}"
