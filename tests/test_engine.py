@@ -31,11 +31,28 @@ def test_end_to_end_both_modes(tmp_path, mode):
     check_every_shard_consumed_once(run, 3, 256)
     stale = [h["staleness_max"] for h in s["history"]]
     assert max(stale) <= (0 if mode == "sync" else 1)
+    # The Trainer's off-policy share is what the shards hold (one epoch: each row trained once).
+    assert [h["stale_share"] for h in s["history"]] == pytest.approx(stale_shares_on_disk(run, 3))
+    if mode == "sync":
+        assert all(h["stale_share"] == 0 and h["mixed_segments"] == 0 for h in s["history"])
     assert "version    3" in proc.stdout
     assert (run / "config.yaml").exists() and list((run / "metrics").glob("rank*.jsonl"))
     # Simulator ranks never import torch; policy ranks do (the emulated test relies on this record).
     for r in read_summaries(run):
         assert ("torch" in r["heavy_modules"]) == (r["role"] != "simulator"), r
+
+
+def stale_shares_on_disk(run, versions: int) -> list[float]:
+    """Per rollout step k: the share of its valid rows that a version older than k produced."""
+    stale, valid = np.zeros(versions), np.zeros(versions)
+    for n in shards.scan(run / "shards"):
+        step = shards.parse_name(n)[0]
+        if step < versions:
+            a = shards.read_shard(run / "shards" / n)[0]
+            ok = a["valid"].astype(bool)
+            stale[step] += (ok & (a["versions"] < step)).sum()
+            valid[step] += ok.sum()
+    return list(stale / valid)
 
 
 def test_colocated_sync_and_eta0_barrier(tmp_path):
@@ -48,6 +65,7 @@ def test_colocated_sync_and_eta0_barrier(tmp_path):
         step = shards.parse_name(n)[0]
         v = shards.read_shard(run / "shards" / n)[0]["versions"]
         assert (v == step).all(), f"eta=0: {n} has versions {np.unique(v)}, expected only {step}"
+    assert all(h["stale_share"] == 0 for h in summary(run)["history"])
 
 
 def test_lr_warmup_and_decay_reach_the_optimizer(tmp_path):

@@ -9,7 +9,7 @@ for the profiled cost, so Trainer ranks can be emulated without torch).
     preload(name)                        read a shard ahead of its optimizer step (overlap)
     mark_lost(name, above)               after a rollback: rows of versions > above are stale
     bad                                  shards found corrupt (quarantined, trained as absent)
-    train(slices, version) -> totals     one optimizer step; totals = [rows, *LOSS_KEYS] summed
+    train(slices, version) -> totals     one optimizer step; totals = [rows, *STAT_KEYS] summed
                                          over all Trainers (identical on every Trainer)
     forget(names)                        drop rows of a finished rollout step
     new_version()                        freeze π_prox for the rollout step that starts
@@ -32,6 +32,9 @@ from ..policies.emulated import sleep_ms
 # The loss terms a learner sums per optimizer step, after the row count (algo.LossTerms' fields).
 ARRAY_KEYS = ("params", "step_start")   # the emulated checkpoint's arrays (the rest is JSON)
 LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
+# ... and what the step's rows were: "stale" counts the valid rows older than the version trained
+# (behaviour version < k: decoupled PPO's off-policy rows; 0 in sync and with mode.eta=0).
+STAT_KEYS = (*LOSS_KEYS, "stale")
 
 
 class EmulatedLearner:
@@ -68,7 +71,7 @@ class EmulatedLearner:
             per_owner[s.owner] += s.stop - s.start
         sleep_ms(max(per_owner.values(), default=0) / self.rows_per_s * 1000.0)
         self.params += 1.0
-        return np.array([sum(per_owner.values())] + [0.0] * len(LOSS_KEYS), np.float64)
+        return np.array([sum(per_owner.values())] + [0.0] * len(STAT_KEYS), np.float64)
 
     def weights(self) -> np.ndarray:
         """The weights of the current version: the parameters at its start (a mid-version resume

@@ -24,7 +24,7 @@ from ..policies.base import flat_params, pick_device
 from ..policies.lora import trainable
 from . import shards
 from .checkpoints import load_torch
-from .learners import LOSS_KEYS
+from .learners import LOSS_KEYS, STAT_KEYS
 from .protocol import GroupAddress, Slice, Tag
 
 LOST_VERSION = -1   # the label of rows whose producing weights a rollback lost: older than any live version
@@ -280,22 +280,23 @@ class TorchLearner:
         self.version = version
         self._full_cache = None   # the weights are about to change
         if self.cfg.runtime.evaluate:   # rows are counted, the weights never change
-            sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
+            sums = torch.zeros(1 + len(STAT_KEYS), dtype=torch.float64)
             sums[0] = sum(s.stop - s.start for s in slices if s.owner == self.dp_index)
             return np.array(self._allreduce_stats(sums))
         batch = self._gather([s for s in slices if s.owner == self.dp_index])
         self.opt.zero_grad(set_to_none=False)
-        sums = torch.zeros(1 + len(LOSS_KEYS), dtype=torch.float64)
+        sums = torch.zeros(1 + len(STAT_KEYS), dtype=torch.float64)
         count = 0
         if self.cfg.algo.norm_adv:
             self._normalize_adv(batch)
         if batch is not None:
             count = float(batch["valid"].sum())
+            sums[-1] = float(batch.pop("stale").sum())
             for i in range(0, batch["adv"].shape[0], self.cfg.algo.micro_batch):
                 mb = {k: v[i:i + self.cfg.algo.micro_batch].to(self.device) for k, v in batch.items()}
                 terms = self._loss(mb)
                 terms.total.backward()
-                sums[1:] += torch.tensor([float(getattr(terms, k)) for k in LOSS_KEYS], dtype=torch.float64)
+                sums[1:1 + len(LOSS_KEYS)] += torch.tensor([float(getattr(terms, k)) for k in LOSS_KEYS], dtype=torch.float64)
         sums[0] = count
         total = self._allreduce(sums)
         if total[0] > 0:
@@ -375,7 +376,9 @@ class TorchLearner:
                 self._vtrace(rows)
             else:
                 self._fill_prox(rows, s.start, s.stop)
-            parts.append({k: getattr(rows, k)[s.start:s.stop] for k in ROW_KEYS})
+            part = {k: getattr(rows, k)[s.start:s.stop] for k in ROW_KEYS}
+            part["stale"] = part["valid"] * (rows.versions[s.start:s.stop] < self.version)
+            parts.append(part)
         if not parts:
             return None
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}

@@ -39,7 +39,7 @@ from .. import notices
 from ..config import RunConfig
 from ..world import World, spec
 from . import checkpoints, evaluator, shards, weights
-from .learners import LOSS_KEYS, EmulatedLearner
+from .learners import LOSS_KEYS, STAT_KEYS, EmulatedLearner
 from .progress import Progress
 from .protocol import CheckpointAck, ShardReady, Slice, Stop, Tag, TrainOrder, WeightsHeader
 from .scalars import ScalarSinks
@@ -245,7 +245,7 @@ class Trainer:
             for s in order.slices:
                 self.ledger.advance(s.name, s.stop)
             self.rows_trained += sum(s.stop - s.start for s in order.slices)
-        for k, v in zip(LOSS_KEYS, total[1:].tolist()):
+        for k, v in zip(STAT_KEYS, total[1:].tolist()):
             self.loss_sums[k] += v
         self.loss_sums["rows"] += float(total[0])
 
@@ -328,6 +328,10 @@ class Trainer:
                "return": sum(m.return_sum for m in arrived) / eps if eps else float("nan"),
                "env_errors": sum(m.env_errors for m in arrived),
                "staleness_max": k - min((m.min_version for m in arrived), default=k),
+               # off-policy share of the rows trained, and of the step's segments (grpo: its
+               # groups) whose rows more than one version produced (weights swapped mid-segment)
+               "stale_share": self.loss_sums.pop("stale", 0.0) / rows,
+               "mixed_segments": sum(m.min_version < m.max_version for m in arrived) / max(len(arrived), 1),
                **{f"loss_{key}": self.loss_sums.pop(key, 0.0) / rows for key in LOSS_KEYS}}
         rec["steps_per_s"] = rec["env_steps"] / max(rec["version_s"], 1e-9)
         self.t_version = now
