@@ -258,18 +258,19 @@ def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seed
     with pytest.raises(SystemExit, match="--modes='sync,asnyc': no mode 'asnyc'; choose from async,sync"):
         rl_runs(argparse.Namespace(modes="sync,asnyc", seeds=""), cfg)
 
-    def run_of(mode, seed, success, env_steps, wall):
-        history = [{"version": v + 1, "episodes": 8, "success": success, "env_steps": env_steps / 2, "t": wall * (v + 1) / 2}
-                   for v in range(2)]
+    def run_of(mode, seed, success, env_steps, wall, stale=(0.0, 0.0)):
+        history = [{"version": v + 1, "episodes": 8, "success": success, "env_steps": env_steps / 2, "t": wall * (v + 1) / 2,
+                    "stale_share": stale[v]} for v in range(2)]
         return {"mode": mode, "seed": seed, "history": history, "wall_s": wall, "env_steps": env_steps,
                 "eval": {"success_rate": success, "wilson95": [success - 0.1, success + 0.1], "episodes": 50}}
 
     runs = [run_of("sync", 0, 0.2, 1000, 100), run_of("sync", 1, 0.4, 1000, 300),
-            run_of("async", 0, 0.3, 1200, 100), run_of("async", 1, 0.5, 800, 100)]
+            run_of("async", 0, 0.3, 1200, 100, (0.0, 1.0)), run_of("async", 1, 0.5, 800, 100, (1.0, 1.0))]
     m = mode_summaries(runs)
     assert list(m) == ["sync", "async"] and m["sync"]["seeds"] == [0, 1]
     assert m["sync"]["mean_success"] == pytest.approx(0.3) and m["sync"]["env_steps_per_s"] == pytest.approx(5.0)
     assert m["async"]["mean_success"] == pytest.approx(0.4) and m["async"]["env_steps_per_s"] == pytest.approx(10.0)
+    assert m["sync"]["stale_share"] == 0 and m["async"]["stale_share"] == pytest.approx(0.75)   # over every version of both seeds
     plot({"rl": runs, "modes": m, "sft_eval": {"wilson95": [0.1, 0.2]}}, tmp_path / "recipe.png")   # four runs, one figure
     assert (tmp_path / "recipe.png").stat().st_size > 10_000
 

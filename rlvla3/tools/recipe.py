@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import mean
 
 STAGE_TIMEOUT = 3 * 3600.0   # s; each stage also bounds its own waits (runtime.*, --timeout)
 
@@ -118,14 +119,16 @@ def rl_stage(out: Path, mode: str, seed: int, a, ov: list[str], cfg) -> dict:
 
 
 def mode_summaries(runs: list[dict]) -> dict:
-    """Per mode over its seeds: the mean held-out success, the training throughput, and training
-    success by quarter of the versions (sample efficiency, compared across modes at equal samples)."""
+    """Per mode over its seeds: the mean held-out success, the training throughput, the share of
+    rows trained off-policy (produced by an older version), and training success by quarter of the
+    versions (sample efficiency, compared across modes at equal samples)."""
     out = {}
     for mode in dict.fromkeys(r["mode"] for r in runs):
         rs = [r for r in runs if r["mode"] == mode]
         out[mode] = {"seeds": [r["seed"] for r in rs],
                      "mean_success": sum(r["eval"]["success_rate"] for r in rs) / len(rs),
                      "env_steps_per_s": sum(r["env_steps"] for r in rs) / sum(r["wall_s"] for r in rs),
+                     "stale_share": mean(h["stale_share"] for r in rs for h in r["history"]),
                      "training_success_by_quarter": success_by_quarter([r["history"] for r in rs])}
     return out
 
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
               f"after {r['env_steps']} env steps in {r['wall_s']:.0f}s of training")
     for mode, m in result["modes"].items():
         print(f"{mode:6s} mean success {m['mean_success']:.3f} over seeds {m['seeds']}; "
-              f"{m['env_steps_per_s']:.1f} env steps/s of training")
+              f"{m['env_steps_per_s']:.1f} env steps/s of training; {m['stale_share']:.0%} of rows trained off-policy")
         print(f"{mode:6s} training success by quarter of the versions (seeds pooled): " + "  ".join(
             f"v{q['versions'][0]}-{q['versions'][1]} {q['success']:.3f} [{q['wilson95'][0]:.3f}, {q['wilson95'][1]:.3f}]"
             for q in m["training_success_by_quarter"]))
