@@ -271,6 +271,9 @@ def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seed
     assert m["sync"]["mean_success"] == pytest.approx(0.3) and m["sync"]["env_steps_per_s"] == pytest.approx(5.0)
     assert m["async"]["mean_success"] == pytest.approx(0.4) and m["async"]["env_steps_per_s"] == pytest.approx(10.0)
     assert m["sync"]["stale_share"] == 0 and m["async"]["stale_share"] == pytest.approx(0.75)   # over every version of both seeds
+    for h in runs[0]["history"]:   # a run kept from before histories had the field
+        del h["stale_share"]
+    assert mode_summaries(runs)["sync"]["stale_share"] == 0 and np.isnan(mode_summaries(runs[:1])["sync"]["stale_share"])
     plot({"rl": runs, "modes": m, "sft_eval": {"wilson95": [0.1, 0.2]}}, tmp_path / "recipe.png")   # four runs, one figure
     assert (tmp_path / "recipe.png").stat().st_size > 10_000
 

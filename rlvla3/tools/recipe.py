@@ -128,9 +128,16 @@ def mode_summaries(runs: list[dict]) -> dict:
         out[mode] = {"seeds": [r["seed"] for r in rs],
                      "mean_success": sum(r["eval"]["success_rate"] for r in rs) / len(rs),
                      "env_steps_per_s": sum(r["env_steps"] for r in rs) / sum(r["wall_s"] for r in rs),
-                     "stale_share": mean(h["stale_share"] for r in rs for h in r["history"]),
+                     "stale_share": stale_share(rs),
                      "training_success_by_quarter": success_by_quarter([r["history"] for r in rs])}
     return out
+
+
+def stale_share(runs: list[dict]) -> float:
+    """Mean share of rows trained off-policy over every version of `runs` (NaN for runs kept
+    from before histories recorded it)."""
+    shares = [h["stale_share"] for r in runs for h in r["history"] if "stale_share" in h]
+    return mean(shares) if shares else float("nan")
 
 
 def success_by_quarter(histories: list[list[dict]]) -> list[dict]:
