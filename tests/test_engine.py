@@ -13,7 +13,7 @@ import torch
 
 from rlvla3.cluster.compose import compose, prepare_run_dir
 from rlvla3.cluster.local import mpi_env, mpiexec_command
-from rlvla3.engine import shards
+from rlvla3.engine import checkpoints, shards
 from rlvla3.engine.metrics import read_summaries
 from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, needs_mpi, run_engine, summary
 
@@ -56,16 +56,23 @@ def stale_shares_on_disk(run, versions: int) -> list[float]:
 
 
 def test_colocated_sync_and_eta0_barrier(tmp_path):
-    proc, run = run_engine(tmp_path, [*TOY, "mode=sync", "mode.placement=colocated", "algo.update_epochs=1"], name="colo")
+    proc, sync_run = run_engine(tmp_path, [*TOY, "mode=sync", "mode.placement=colocated", "algo.update_epochs=1"], name="colo")
     assert_ok(proc)
-    assert summary(run)["versions"] == 3
-    proc, run = run_engine(tmp_path, [*TOY, "mode=async", "mode.eta=0", "algo.update_epochs=1"], name="eta0")
+    assert summary(sync_run)["versions"] == 3
+    # Without streaming (epoch 0 then takes the whole step in name order, as sync does), async with
+    # a per-step weight barrier is sync: one code path, so every version's weights are bitwise
+    # sync's. With streaming, epoch 0 trains rows in arrival order: the same rows, another order.
+    proc, run = run_engine(tmp_path, [*TOY, "mode=async", "mode.eta=0", "mode.streaming=false", "algo.update_epochs=1"],
+                           name="eta0")
     assert_ok(proc)
     for n in shards.scan(run / "shards"):
         step = shards.parse_name(n)[0]
         v = shards.read_shard(run / "shards" / n)[0]["versions"]
         assert (v == step).all(), f"eta=0: {n} has versions {np.unique(v)}, expected only {step}"
     assert all(h["stale_share"] == 0 for h in summary(run)["history"])
+    for version in (1, 2, 3):
+        sync_w, eta0_w = (torch.load(r / "ckpt" / checkpoints.ckpt_name(version), weights_only=False)["model"] for r in (sync_run, run))
+        assert all(torch.equal(sync_w[k], eta0_w[k]) for k in sync_w), f"version {version}: eta=0 weights differ from sync's"
 
 
 def test_lr_warmup_and_decay_reach_the_optimizer(tmp_path):
