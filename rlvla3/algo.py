@@ -117,6 +117,7 @@ class LossTerms:
     clip_frac: torch.Tensor
     behaviour_weight: torch.Tensor
     approx_kl: torch.Tensor
+    behaviour_weight_sq: torch.Tensor   # sum of w^2: with the sum of w, how evenly w spreads
 
 
 def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: torch.Tensor,
@@ -166,4 +167,5 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: 
         clipped = ((ratio - 1).abs() > clip).float()
         clip_frac = (m * (clipped.mean(-1) if per_token else clipped)).sum()   # per token: the share of tokens
         approx_kl = (m * per_sample(torch.expm1(log_ratio) - log_ratio)).sum()
-    return LossTerms(total, l_pi.detach(), l_v.detach(), h.detach(), clip_frac, (m * w).sum(), approx_kl)
+    return LossTerms(total, l_pi.detach(), l_v.detach(), h.detach(), clip_frac, (m * w).sum(), approx_kl,
+                     (m * w * w).sum())

@@ -80,6 +80,24 @@ def test_fresh_samples_reduce_to_ppo():
     assert float(t.behaviour_weight) == 2.0  # sum of two weights of 1
 
 
+def test_stale_rows_behaviour_weights_from_the_loss_sums():
+    """The history's stale_weight / stale_ess come from the loss's summed w and w^2 over all rows:
+    fresh rows (w = 1) are taken off and the stale rows' own mean and (sum w)^2 / (n sum w^2) are left,
+    with the clip applied (the third stale row's weight e^2 is cut to c = 2)."""
+    from rlvla3.engine.trainer import stale_weights
+
+    behav = torch.tensor([-1.0, -2.0, -1.0, -1.0, -3.0])
+    prox = torch.tensor([-1.0, -2.0, -1.7, -0.6, -1.0])   # rows 0-1 fresh (prox = behav), 2-4 stale
+    z = torch.zeros(5)
+    t = decoupled_ppo_loss(prox, prox, behav, z, z, z, z, 0.2, 2.0, 0.0, 0.0)
+    w = np.minimum(np.exp((prox - behav).numpy().astype(np.float64)[2:]), 2.0)
+    got = stale_weights(5.0, 3.0, float(t.behaviour_weight), float(t.behaviour_weight_sq))
+    assert got["stale_weight"] == pytest.approx(w.mean(), rel=1e-5)
+    assert got["stale_ess"] == pytest.approx(w.sum() ** 2 / (3 * (w ** 2).sum()), rel=1e-5)
+    assert 0 < got["stale_ess"] < 1
+    assert all(math.isnan(v) for v in stale_weights(5.0, 0.0, 5.0, 5.0).values())
+
+
 def test_gradient_flows_only_through_current_policy():
     logp = torch.tensor([-1.0, -0.5], requires_grad=True)
     prox = torch.tensor([-1.1, -0.4], requires_grad=True)

@@ -35,6 +35,13 @@ def test_end_to_end_both_modes(tmp_path, mode):
     assert [h["stale_share"] for h in s["history"]] == pytest.approx(stale_shares_on_disk(run, 3))
     if mode == "sync":
         assert all(h["stale_share"] == 0 and h["mixed_segments"] == 0 for h in s["history"])
+    # The stale rows' behaviour weights: none without stale rows; else a mean within (0, clip 2]
+    # and an effective sample share within (0, 1].
+    for h in s["history"]:
+        if h["stale_share"] == 0:
+            assert np.isnan(h["stale_weight"]) and np.isnan(h["stale_ess"]), h
+        else:
+            assert 0 < h["stale_weight"] <= 2.0 and 0 < h["stale_ess"] <= 1.0 + 1e-9, h
     assert "version    3" in proc.stdout
     assert (run / "config.yaml").exists() and list((run / "metrics").glob("rank*.jsonl"))
     # Simulator ranks never import torch; policy ranks do (the emulated test relies on this record).

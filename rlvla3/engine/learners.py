@@ -29,12 +29,15 @@ import numpy as np
 
 from ..policies.emulated import sleep_ms
 
-# The loss terms a learner sums per optimizer step, after the row count (algo.LossTerms' fields).
 ARRAY_KEYS = ("params", "step_start")   # the emulated checkpoint's arrays (the rest is JSON)
+# The loss terms a learner sums per optimizer step, after the row count (algo.LossTerms' fields):
+# LOSS_KEYS are logged as loss_<key> means; the sum of squared behaviour weights only serves the
+# stale rows' effective sample share (trainer.py).
 LOSS_KEYS = ("policy", "value", "entropy", "clip_frac", "behaviour_weight", "approx_kl")
+TERM_KEYS = (*LOSS_KEYS, "behaviour_weight_sq")
 # ... and what the step's rows were: "stale" counts the valid rows older than the version trained
 # (behaviour version < k: decoupled PPO's off-policy rows; 0 in sync and with mode.eta=0).
-STAT_KEYS = (*LOSS_KEYS, "stale")
+STAT_KEYS = (*TERM_KEYS, "stale")
 
 
 class EmulatedLearner:

@@ -24,7 +24,7 @@ from ..policies.base import flat_params, pick_device
 from ..policies.lora import trainable
 from . import shards
 from .checkpoints import load_torch
-from .learners import LOSS_KEYS, STAT_KEYS
+from .learners import STAT_KEYS, TERM_KEYS
 from .protocol import GroupAddress, Slice, Tag
 
 LOST_VERSION = -1   # the label of rows whose producing weights a rollback lost: older than any live version
@@ -296,7 +296,7 @@ class TorchLearner:
                 mb = {k: v[i:i + self.cfg.algo.micro_batch].to(self.device) for k, v in batch.items()}
                 terms = self._loss(mb)
                 terms.total.backward()
-                sums[1:1 + len(LOSS_KEYS)] += torch.tensor([float(getattr(terms, k)) for k in LOSS_KEYS], dtype=torch.float64)
+                sums[1:1 + len(TERM_KEYS)] += torch.tensor([float(getattr(terms, k)) for k in TERM_KEYS], dtype=torch.float64)
         sums[0] = count
         total = self._allreduce(sums)
         if total[0] > 0:

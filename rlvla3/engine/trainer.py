@@ -78,6 +78,18 @@ def take_rows(order: list[tuple[str, int]], cursor: tuple[int, int], n: int, n_t
     return slices, (i, r)
 
 
+def stale_weights(rows: float, stale: float, w_sum: float, w_sq_sum: float) -> dict[str, float]:
+    """What decoupled PPO's behaviour weights w = min(π_prox/π_behav, c) did to a version's stale rows:
+    their mean w (E_behav[π_prox/π_behav] is 1 unclipped; the clip c takes mass off it) and their
+    effective sample share (Σw)² / (n Σw²), 1 when every w is equal: a stale row with w near 0 is
+    a row trained for nothing. Fresh rows have w = 1 exactly, so their part is taken off the sums.
+    NaN when the version trained no stale row."""
+    if stale <= 0:
+        return {"stale_weight": float("nan"), "stale_ess": float("nan")}
+    fresh = rows - stale
+    w, w_sq = w_sum - fresh, w_sq_sum - fresh
+    return {"stale_weight": w / stale, "stale_ess": w * w / (stale * w_sq) if w_sq > 0 else float("nan")}
+
 class Trainer:
     def __init__(self, cfg: RunConfig, world: World, transport, metrics, run_dir: Path, index: int, preemption=None):
         self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
@@ -321,6 +333,7 @@ class Trainer:
     def _log_version(self, k: int, arrived: list[ShardReady]) -> None:
         now = time.time()
         rows = self.loss_sums.pop("rows", 0.0) or 1.0
+        stale, w_sq = self.loss_sums.pop("stale", 0.0), self.loss_sums.pop("behaviour_weight_sq", 0.0)
         eps = sum(m.episodes for m in arrived)
         rec = {"version": k + 1, "t": now - self.t0, "version_s": now - self.t_version,
                "env_steps": sum(m.env_steps for m in arrived), "rows_trained": self.rows_trained,
@@ -330,7 +343,8 @@ class Trainer:
                "staleness_max": k - min((m.min_version for m in arrived), default=k),
                # off-policy share of the rows trained, and of the step's segments (grpo: its
                # groups) whose rows more than one version produced (weights swapped mid-segment)
-               "stale_share": self.loss_sums.pop("stale", 0.0) / rows,
+               "stale_share": stale / rows,
+               **stale_weights(rows, stale, self.loss_sums["behaviour_weight"], w_sq),
                "mixed_segments": sum(m.min_version < m.max_version for m in arrived) / max(len(arrived), 1),
                **{f"loss_{key}": self.loss_sums.pop(key, 0.0) / rows for key in LOSS_KEYS}}
         rec["steps_per_s"] = rec["env_steps"] / max(rec["version_s"], 1e-9)
