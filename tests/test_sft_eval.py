@@ -188,6 +188,38 @@ def test_chunked_sft_from_one_step_demonstrations(tmp_path):
     load_init(make_policy(cfg, spec(cfg)), str(tmp_path / "sft2.pt"))   # an RL run with chunk 2 starts from it
 
 
+def test_what_sft_never_trained_is_set_by_the_rl_runs_config(tmp_path):
+    """pi05's flow noise std (and the value head) get no gradient from the flow-matching loss: the
+    SFT checkpoint names them, and a run starting from it explores with its own policy.flow_noise_std
+    while every trained weight is the checkpoint's."""
+    import math
+
+    import torch
+
+    from rlvla3.cluster.compose import compose
+    from rlvla3.engine.torch_learner import load_init
+    from rlvla3.policies import make_policy
+    from rlvla3.world import spec
+
+    pi05 = ["+experiment=toy", "policy=pi05", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3"]
+    run("rlvla3.collect", "+experiment=toy", "--episodes", "16", "--out", str(tmp_path / "demos"))
+    run("rlvla3.sft", "--demos", str(tmp_path / "demos"), *pi05, "--steps", "5", "--out", str(tmp_path / "sft.pt"))
+    ckpt = torch.load(tmp_path / "sft.pt", weights_only=True)
+    untrained = set(ckpt["sft"]["untrained"])
+    # Also untrained: what only feeds the value head (the VLM's last queries, MLP and final norm:
+    # the expert reads the prefix's keys and values alone).
+    assert {"log_std", "value_head.weight", "value_head.bias"} <= untrained
+    assert "model.action_in_proj.weight" not in untrained and len(untrained) < len(ckpt["model"]) // 4, untrained
+    cfg = compose([*pi05, "policy.flow_noise_std=0.05"])
+    policy = make_policy(cfg, spec(cfg))
+    load_init(policy, str(tmp_path / "sft.pt"))
+    assert torch.allclose(policy.log_std, torch.full_like(policy.log_std, math.log(0.05)))
+    assert float(ckpt["model"]["log_std"][0]) == pytest.approx(math.log(0.2))   # SFT's default, not taken
+    mine = policy.state_dict()
+    trained = [k for k in ckpt["model"] if k not in untrained]
+    assert trained and all(torch.equal(mine[k], ckpt["model"][k]) for k in trained)
+
+
 @needs_mpi
 @pytest.mark.slow
 def test_sft_writes_the_demonstrations_prompts_as_the_trained_policy_reads_them(tmp_path):

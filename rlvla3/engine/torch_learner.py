@@ -120,15 +120,21 @@ def raft_segment(a: dict) -> tuple[np.ndarray, np.ndarray]:
 
 def load_init(policy, path: str) -> None:
     """Start from the model weights of a checkpoint (policy.init_from), strictly: a checkpoint of
-    another family or size is refused, naming what differs."""
+    another family or size is refused, naming what differs. Parameters an SFT checkpoint says SFT
+    never trained keep this run's initialisation."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"policy.init_from={path}: no such checkpoint file (a run's ckpt/v*.pt or the "
                                 f"output of python -m rlvla3.sft)")
     state = load_torch(p)
     model = state.get("model", state)
+    # An SFT checkpoint names what its loss never trained (tools/sft.py: the value head, the flow
+    # noise std): this run's config sets those, as if no checkpoint held them.
+    keep_own = set(state.get("sft", {}).get("untrained", ()))
     try:
-        policy.load_state_dict(model)
+        missing, unexpected = policy.load_state_dict({k: v for k, v in model.items() if k not in keep_own}, strict=False)
+        if unexpected or set(missing) - keep_own:
+            raise RuntimeError(f"missing keys {sorted(set(missing) - keep_own)}, unexpected keys {sorted(unexpected)}")
     except RuntimeError as e:
         raise RuntimeError(f"policy.init_from={path} does not fit this policy (policy.name and sizes must match "
                            f"the run that wrote it): {str(e)[:600]}") from e

@@ -134,10 +134,11 @@ def random_shift(images, shift: int, gen):
 
 def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0,
           lr_decay: bool = False, shift: int = 0):
-    """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history). The
-    expert's action chunks are turned into the policy's own sample (token ids, a Gaussian's mean
-    or a chain) by the policy, with a released checkpoint's own action normalisation. `lr_decay`:
-    the learning rate falls linearly to 0 at the last step (the RL runs' schedule, algo.lr_at).
+    """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history, the names
+    of the parameters it left untrained). The expert's action chunks are turned into the policy's
+    own sample (token ids, a Gaussian's mean or a chain) by the policy, with a released checkpoint's
+    own action normalisation. `lr_decay`: the learning rate falls linearly to 0 at the last step
+    (the RL runs' schedule, algo.lr_at).
     `shift`: each batch's images randomly shifted by up to that many pixels (random_shift)."""
     import torch
 
@@ -161,6 +162,7 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     gen = torch.Generator().manual_seed(seed)
     t = {k: torch.from_numpy(v) for k, v in rows.items()}
     history, every, t0 = [], max(1, steps // 10), time.time()
+    initial = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(lr, step + 1, 0, steps, lr_decay)
@@ -175,7 +177,17 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
         history.append(float(loss.detach()))
         if (step + 1) % every == 0:   # a long SFT says how far it is
             print(f"  step {step + 1}/{steps}  loss {np.mean(history[-every:]):.3f}  {time.time() - t0:.0f}s", flush=True)
-    return policy, history
+    return policy, history, untrained(policy, initial)
+
+
+def untrained(policy, initial: dict) -> list[str]:
+    """The trainable parameters SFT left exactly at `initial` (what its cloning loss never reaches:
+    the value head; pi0/pi05/OFT's sampling std). The checkpoint names them, so an RL run starting
+    from it takes them from its own config (torch_learner.load_init), e.g. the flow noise std it
+    explores with, rather than from this file's copy of SFT's config."""
+    import torch
+
+    return [n for n, p in policy.named_parameters() if n in initial and torch.equal(p.detach(), initial[n])]
 
 
 def keep_state_record(demos: Path, out: Path) -> None:
@@ -219,12 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
     rows = load_rows(Path(a.demos), cfg, parse_cameras(a.cameras))
     t0 = time.time()
-    policy, hist = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay, a.shift)
+    policy, hist, untouched = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay, a.shift)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": policy.state_dict(), "sft": {"demos": str(a.demos), "rows": len(rows["actions"]),
                                                       "steps": a.steps, "lr": a.lr,
-                                                      "lr_decay": a.lr_decay, "shift": a.shift, "loss": hist}}, out)
+                                                      "lr_decay": a.lr_decay, "shift": a.shift, "loss": hist,
+                                                      "untrained": untouched}}, out)
     keep_state_record(Path(a.demos), out)
     k = max(1, len(hist) // 10)
     print(f"SFT {cfg.policy.name}: {len(rows['actions'])} demonstration rows, {a.steps} steps in {time.time() - t0:.0f}s; "
