@@ -14,9 +14,11 @@ Stdlib only: env children under another interpreter (`env.python`) import it too
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -104,13 +106,14 @@ def run_to_console(cmd: list[str], env: dict[str, str], timeout: float) -> int:
     """Run `cmd` with its output on our console. On a terminal it writes there directly; into a
     file or a pipe its lines pass through here with ANSI sequences removed (some simulator code
     writes colour resets whatever NO_COLOR says). On `timeout` the command is killed and
-    subprocess.TimeoutExpired raised, as subprocess.run does."""
-    if sys.stdout.isatty():
-        return subprocess.run(cmd, env=env, timeout=timeout).returncode
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          errors="replace") as proc:
-        pumps = [threading.Thread(target=_pump, args=(src, dst), daemon=True)
-                 for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    subprocess.TimeoutExpired raised, as subprocess.run does. A SIGTERM to this process is passed
+    on to the command (mpiexec ends its ranks on it): stopping a launcher by its pid stops its
+    job instead of leaving the ranks running without it."""
+    tty = sys.stdout.isatty()
+    pipes = {} if tty else {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "errors": "replace"}
+    with subprocess.Popen(cmd, env=env, **pipes) as proc, sigterm_passed_on(proc):
+        pumps = [] if tty else [threading.Thread(target=_pump, args=(src, dst), daemon=True)
+                                for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
         for t in pumps:
             t.start()
         try:
@@ -118,9 +121,29 @@ def run_to_console(cmd: list[str], env: dict[str, str], timeout: float) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
+        except KeyboardInterrupt:   # Ctrl-C reached the command too: it gets time to end its ranks
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
         for t in pumps:
             t.join(10)
         return rc
+
+
+@contextlib.contextmanager
+def sigterm_passed_on(proc: subprocess.Popen):
+    """While in the block, SIGTERM to this process goes to `proc` instead (main thread only: a
+    signal handler cannot be set from another)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _pump(src, dst) -> None:

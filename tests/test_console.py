@@ -48,6 +48,25 @@ def test_output_into_a_file_loses_its_ansi_codes_and_the_ranks_are_told(tmp_path
     assert '"NO_COLOR": "1"' in env and f'"{notices.TTY_VAR}": "0"' in env
 
 
+def test_a_sigterm_to_the_launcher_stops_its_command(tmp_path):
+    """`kill <launcher pid>` (a job supervisor, a user) reaches mpiexec through run_to_console, so
+    the job ends with its launcher instead of running on without it."""
+    import signal
+
+    child = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    code = (f"import sys\nfrom rlvla3 import notices\n"
+            f"sys.exit(notices.run_to_console([sys.executable, '-c', {child!r}], notices.console_env(), 600))")
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(launcher.stdout.readline())   # the command is up, the handler installed before it
+        launcher.send_signal(signal.SIGTERM)
+        rc = launcher.wait(30)
+    finally:
+        launcher.kill()
+    assert rc != 0, "the launcher reports the stopped command as a failure"
+    assert not Path(f"/proc/{child_pid}").exists(), f"the command (pid {child_pid}) outlived its launcher"
+
+
 def test_progress_lines_say_the_eta_and_a_terminal_gets_one_bar(capsys):
     lines = Progress(max_versions=4, first_version=0, tty=False)
     for v in (1, 2, 4):
