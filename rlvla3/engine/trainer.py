@@ -90,6 +90,7 @@ def stale_weights(rows: float, stale: float, w_sum: float, w_sq_sum: float) -> d
     w, w_sq = w_sum - fresh, w_sq_sum - fresh
     return {"stale_weight": w / stale, "stale_ess": w * w / (stale * w_sq) if w_sq > 0 else float("nan")}
 
+
 class Trainer:
     def __init__(self, cfg: RunConfig, world: World, transport, metrics, run_dir: Path, index: int, preemption=None):
         self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
