@@ -135,7 +135,7 @@ def random_shift(images, shift: int, gen):
 def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0,
           lr_decay: bool = False, shift: int = 0):
     """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history, the names
-    of the parameters it left untrained). The expert's action chunks are turned into the policy's
+    of the parameters no gradient reached). The expert's action chunks are turned into the policy's
     own sample (token ids, a Gaussian's mean or a chain) by the policy, with a released checkpoint's
     own action normalisation. `lr_decay`: the learning rate falls linearly to 0 at the last step
     (the RL runs' schedule, algo.lr_at).
@@ -162,7 +162,8 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     gen = torch.Generator().manual_seed(seed)
     t = {k: torch.from_numpy(v) for k, v in rows.items()}
     history, every, t0 = [], max(1, steps // 10), time.time()
-    initial = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    # Parameters no step's gradient has reached yet (zero_grad sets grads to None each step).
+    unreached = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(lr, step + 1, 0, steps, lr_decay)
@@ -172,22 +173,17 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
         loss = policy.bc_loss(*mb).mean()
         opt.zero_grad()
         loss.backward()
+        unreached = {n: p for n, p in unreached.items() if p.grad is None}
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         history.append(float(loss.detach()))
         if (step + 1) % every == 0:   # a long SFT says how far it is
             print(f"  step {step + 1}/{steps}  loss {np.mean(history[-every:]):.3f}  {time.time() - t0:.0f}s", flush=True)
-    return policy, history, untrained(policy, initial)
-
-
-def untrained(policy, initial: dict) -> list[str]:
-    """The trainable parameters SFT left exactly at `initial` (what its cloning loss never reaches:
-    the value head; pi0/pi05/OFT's sampling std). The checkpoint names them, so an RL run starting
-    from it takes them from its own config (torch_learner.load_init), e.g. the flow noise std it
-    explores with, rather than from this file's copy of SFT's config."""
-    import torch
-
-    return [n for n, p in policy.named_parameters() if n in initial and torch.equal(p.detach(), initial[n])]
+    # What the cloning loss never reaches (the value head; pi0/pi05/OFT's sampling std) stays at
+    # its init: the checkpoint names it, so an RL run starting from it takes it from its own config
+    # (torch_learner.load_init), e.g. the flow noise std it explores with, not SFT's copy. Tracked
+    # by gradient, not by comparing with a copy of the initial weights (a 7B model's second copy).
+    return policy, history, list(unreached)
 
 
 def keep_state_record(demos: Path, out: Path) -> None:
