@@ -176,3 +176,26 @@ def test_a_sacct_that_never_answers_is_killed_and_the_watcher_goes_on(tmp_path, 
     sacct.write_text("#!/bin/sh\nprintf 'JobID|State|NodeList\\n4242+0|COMPLETED|n1\\n4242+1|FAILED|n2\\n'\n")
     watcher.update()
     assert watcher.get_state("4242", mode="cache") == "FAILED", "a het job's failed component fails it"
+
+
+def test_a_requeue_whose_scontrol_is_terminated_by_it_exits_as_requeued(tmp_path, monkeypatch):
+    """Slurm terminates every process of a job it requeues, `scontrol requeue` itself included;
+    dying of that SIGTERM is a requeue done (exit as submitit does), any other failure is raised.
+    `scontrol` here is a script that ends as the real one did in the failed run."""
+    import signal
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$2" = "term" ] && kill -TERM $$\nexit 1\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def submitit_handler(job_id):   # what submitit's USR2 handler runs on rank 0
+        return lambda signum, frame: subprocess.check_call(["scontrol", "requeue", job_id], timeout=10)
+
+    with pytest.raises(SystemExit) as exited:
+        slurm.requeue_by(submitit_handler("term"))()
+    assert exited.value.code == -1
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        slurm.requeue_by(submitit_handler("other"))()
+    assert failed.value.returncode == 1 and failed.value.returncode != -signal.SIGTERM

@@ -201,7 +201,7 @@ class RankTask:
         from ..engine import run
 
         prev = signal.getsignal(signal.SIGUSR2)  # submitit's checkpoint-and-requeue handler
-        preempt = run.Preemption(requeue=lambda: prev(signal.SIGUSR2, None))
+        preempt = run.Preemption(requeue=requeue_by(prev))
         signal.signal(signal.SIGUSR2, preempt.handler)
         check_rank_layout(config.load(self.run_dir))
         return run.main(self.run_dir, resume=self.resume, preemption=preempt)
@@ -209,6 +209,28 @@ class RankTask:
     def checkpoint(self, *args, **kwargs):
         """Called by submitit on rank 0 after the Trainer's checkpoint: resubmit as a resume."""
         return submitit.helpers.DelayedSubmission(RankTask(self.run_dir, resume=True))
+
+
+def requeue_by(handler):
+    """Rank 0's requeue: submitit's USR2 `handler` (checkpoint the task, `scontrol requeue`, exit).
+    Slurm terminates every process of a job it requeues, that scontrol too, and on a loaded node
+    the SIGTERM can come before scontrol has exited: submitit then raised, the task reported a
+    failure and the waiter cancelled the requeued job (seen once in the preemption test). A
+    requeue killed by SIGTERM was accepted (the signal is its effect), so exit as submitit does."""
+    import signal
+    import subprocess
+
+    def requeue() -> None:
+        try:
+            handler(signal.SIGUSR2, None)
+        except subprocess.CalledProcessError as e:
+            if e.returncode != -signal.SIGTERM or list(e.cmd[:2]) != ["scontrol", "requeue"]:
+                raise
+            print("[rank 0] scontrol requeue was terminated by the requeue it asked for; exiting for it",
+                  file=sys.stderr, flush=True)
+            sys.exit(-1)
+
+    return requeue
 
 
 def check_rank_layout(cfg: config.RunConfig) -> None:
