@@ -5,7 +5,8 @@ Writes into the run folder:
                                  batch_wait, train, weight_sync, ...) on rank 0's clock
   batches.png  / batches.csv     Generator batch sizes (samples per forward) and forward times
   staleness.png / staleness.csv  per sample: rollout step minus the behaviour version (from shards)
-  learning.png / learning.csv    success rate and env steps per version (summary.json)
+  learning.png / learning.csv    success rate and env steps per version (summary.json, or the
+                                 metrics of a run stopped before it)
   window.png   / window.csv      the batching window each Generator chose over time (only for
                                  runs with generator.adapt_batch, which log scalar t_max_ms)
 Span times are already on rank 0's clock (metrics.py applies each rank's measured offset).
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +28,12 @@ def read_records(run: Path, kind: str):
     from rlvla3.engine.metrics import read_records
 
     return read_records(run, kind)
+
+
+def read_history(run: Path) -> list[dict]:
+    from rlvla3.engine.metrics import read_history
+
+    return read_history(run)
 
 
 def read_spans(run: Path) -> list[dict]:
@@ -130,7 +136,7 @@ def main() -> None:
     write_csv(run / "staleness.csv", [{"versions_behind": k, "samples": n} for k, n in sorted(stale.items())])
     plot_hist(sorted(stale.items()), "rollout step - behaviour version", "Sample staleness", run / "staleness.png")
 
-    hist = json.loads((run / "summary.json").read_text())["history"]
+    hist = read_history(run)
     write_csv(run / "learning.csv", [{k: h[k] for k in ("version", "t", "env_steps", "episodes", "success")} for h in hist])
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(np.cumsum([h["env_steps"] for h in hist]), [h["success"] for h in hist], marker=".")

@@ -274,6 +274,19 @@ def test_recipe_runs_every_stage_and_writes_its_numbers(tmp_path):
     assert r["sft_eval"]["episodes"] == 16
     assert "RL async seed 3" in out.stdout and "SFT" in out.stdout
 
+    # The same plot and numbers for runs launched by hand: analysis.curves on the recipe's folders,
+    # the RL run stopped before its summary (history rebuilt from its metrics), with the evaluations
+    # matched to their checkpoints by what they evaluated.
+    (tmp_path / "rl-async-seed3" / "summary.json").unlink()
+    plot = tmp_path / "curves" / "c.png"
+    curves = run("analysis.curves", str(tmp_path / "rl-async-seed3"), "--evals", str(tmp_path / "eval-async-seed3"),
+                 str(tmp_path / "eval-sft"), "--out", str(plot), timeout=120)
+    c = json.loads(plot.with_suffix(".json").read_text())
+    assert json.dumps(c["rl"][0]["history"]) == json.dumps(r["rl"][0]["history"])   # NaN-safe, exact
+    assert c["rl"][0]["eval"] == r["rl"][0]["eval"] and c["rl"][0]["eval_version"] == 2 and c["sft_eval"] == r["sft_eval"]
+    assert c["modes"]["async"]["training_success_by_quarter"] == r["modes"]["async"]["training_success_by_quarter"]
+    assert plot.stat().st_size > 10_000 and "async        seed 3:" in curves.stdout
+
 
 def test_recipe_runs_each_mode_once_per_seed_and_summarises_a_mode_over_its_seeds(tmp_path):
     import argparse

@@ -132,6 +132,24 @@ def read_summaries(run_dir: str | Path) -> list[dict]:
     return [rec for _, _, rec in read_records(run_dir, "summary")]
 
 
+def read_history(run_dir: str | Path) -> list[dict]:
+    """A run's per-version history: summary.json's, or for a run stopped before it wrote one, the
+    same records rebuilt from the lead Trainer's per-version scalars (a version a resume trained
+    again keeps its last record)."""
+    run_dir = Path(run_dir)
+    if (run_dir / "summary.json").is_file():
+        return json.loads((run_dir / "summary.json").read_text())["history"]
+    versions: dict[int, dict] = defaultdict(dict)
+    for _, role, rec in read_records(run_dir, "scalar"):
+        if role == "trainer" and "version" in rec:
+            versions[rec["version"]][rec["n"]] = int(rec["v"]) if rec["n"] in COUNTS else rec["v"]
+    return [{**versions[v], "version": v} for v in sorted(versions)]
+
+
+COUNTS = ("env_steps", "rows_trained", "episodes", "env_errors", "staleness_max")
+"""History fields that are counts (scalars are written as floats)."""
+
+
 def steady_throughput(history: list[dict]) -> float:
     """Env steps/s over versions 2..N (the first version includes start-up)."""
     if len(history) < 2:

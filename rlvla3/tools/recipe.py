@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from statistics import mean
 
+from ..engine.metrics import read_history
+
 STAGE_TIMEOUT = 3 * 3600.0   # s; each stage also bounds its own waits (runtime.*, --timeout)
 
 
@@ -52,8 +54,15 @@ def evaluate(ckpt: Path, out: Path, a, overrides: list[str], cfg) -> dict:
         shutil.rmtree(out, ignore_errors=True)   # a partial evaluation starts over
         step(["rlvla3.evaluate", "--checkpoint", str(ckpt), *args, "--out", str(out), *overrides,
               "runtime.tensorboard=false"], out.with_suffix(".log"))
-    got = json.loads((out / result).read_text())
-    return got["suite"] if result == "protocol.json" else got
+    return evaluation_result(out)
+
+
+def evaluation_result(folder: Path) -> dict:
+    """The success rate, Wilson interval and episodes an evaluation folder holds (LIBERO: its
+    protocol's whole suite)."""
+    if (folder / "protocol.json").is_file():
+        return json.loads((folder / "protocol.json").read_text())["suite"]
+    return json.loads((folder / "eval.json").read_text())
 
 
 def episodes_of(result: dict) -> int:
@@ -113,7 +122,7 @@ def rl_stage(out: Path, mode: str, seed: int, a, ov: list[str], cfg) -> dict:
               f"algo.max_versions={a.versions}", "runtime.tensorboard=false", f"hydra.run.dir={run}"],
              run.with_suffix(".log"))
     ckpt = sorted((run / "ckpt").glob("v*.pt"))[-1]
-    history = json.loads((run / "summary.json").read_text())["history"]
+    history = read_history(run)
     return {"mode": mode, "seed": seed, "history": history, "wall_s": history[-1]["t"],
             "env_steps": sum(h["env_steps"] for h in history), "eval": evaluate(ckpt, evaluation, a, ov, cfg)}
 
@@ -182,13 +191,17 @@ def smoothed_success(history: list[dict], window: int) -> list[float]:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Training success vs env steps and vs wall time for every run (squares: held-out evaluations
+    of the checkpoint each run's `eval` names, at that version), and each group's training success
+    by quarter pooled over its seeds. A run's group is its `mode` (the recipe's modes, or
+    analysis.curves' labels); `eval` and `sft_eval` may be absent (runs evaluated by no one)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4), sharey=True)
-    colors = {"sync": "tab:blue", "async": "tab:orange"}
+    colors = dict(zip(result["modes"], ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"] * 9))
     seeds = sorted({r["seed"] for r in result["rl"]})
     styles = dict(zip(seeds, ["-", "--", ":", "-."] * len(seeds)))
     for r in result["rl"]:
@@ -197,18 +210,21 @@ def plot(result: dict, path: Path) -> None:
         succ = smoothed_success(h, SMOOTH)
         axes[0].plot(steps, succ, style, color=color, label=f"{run_name(r)} (training episodes, last {SMOOTH} versions)")
         axes[1].plot([x["t"] for x in h], succ, style, color=color, label=run_name(r))
-        lo, hi = r["eval"]["wilson95"]
-        for ax, x in ((axes[0], steps[-1]), (axes[1], h[-1]["t"])):
-            ax.errorbar([x], [r["eval"]["success_rate"]], yerr=[[r["eval"]["success_rate"] - lo], [hi - r["eval"]["success_rate"]]],
-                        fmt="s", color=color, capsize=4)
-    for mode, m in result["modes"].items():   # sample efficiency: each mode's seeds pooled
+        if r.get("eval"):
+            e, at = r["eval"], min(r.get("eval_version", len(h)), len(h)) - 1
+            lo, hi = e["wilson95"]
+            for ax, x in ((axes[0], steps[at]), (axes[1], h[at]["t"])):
+                ax.errorbar([x], [e["success_rate"]], yerr=[[e["success_rate"] - lo], [hi - e["success_rate"]]],
+                            fmt="s", color=color, capsize=4)
+    for mode, m in result["modes"].items():   # sample efficiency: each group's seeds pooled
         qs = m["training_success_by_quarter"]
         axes[2].errorbar([q["env_steps"] for q in qs], [q["success"] for q in qs], fmt="o-", color=colors[mode], capsize=4,
                          yerr=[[q["success"] - q["wilson95"][0] for q in qs], [q["wilson95"][1] - q["success"] for q in qs]],
                          label=f"{mode}, seeds {m['seeds']} pooled (95% Wilson)")
-    lo, hi = result["sft_eval"]["wilson95"]
     for ax in axes:
-        ax.axhspan(lo, hi, color="gray", alpha=0.25, label="SFT evaluation (95% Wilson)")
+        if result.get("sft_eval"):
+            lo, hi = result["sft_eval"]["wilson95"]
+            ax.axhspan(lo, hi, color="gray", alpha=0.25, label="SFT evaluation (95% Wilson)")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
     axes[0].set_xlabel("env steps")
@@ -217,7 +233,7 @@ def plot(result: dict, path: Path) -> None:
     axes[0].set_ylabel("success rate")
     axes[0].legend(loc="lower right", fontsize=8)
     axes[2].legend(loc="lower right", fontsize=8)
-    fig.suptitle("SFT warm start, then RL: squares = held-out evaluations of the final checkpoints")
+    fig.suptitle("SFT warm start, then RL: squares = held-out evaluations of the checkpoints")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
