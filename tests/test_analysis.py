@@ -59,3 +59,39 @@ def test_online_batching_window_is_tuned_logged_and_plotted(tmp_path):
         assert 0 < wanted <= 200
     last = [float(w["t_max_ms"]) for w in windows][-1]
     assert last < 100, f"the window never came down near one group step: {windows[-5:]}"
+
+
+def test_a_run_killed_after_a_version_keeps_its_history_in_its_metrics(tmp_path):
+    """A run stopped by hand (no summary.json) is read back from the lead Trainer's metrics
+    (`read_history`, analysis.curves): every version up to its newest checkpoint must be there,
+    equal to the history that checkpoint holds. A version's record used to wait in the buffer until
+    the next version's weights went out, so a kill right after a version lost it."""
+    import json
+    import os
+    import signal
+    import time
+
+    import torch
+
+    from rlvla3.cluster.compose import compose, prepare_run_dir
+    from rlvla3.cluster.local import kill_session, mpi_env, mpiexec_command
+    from rlvla3.engine.metrics import read_history
+
+    cfg, world = prepare_run_dir(compose([*TOY, "algo.max_versions=1000"]), tmp_path / "run")
+    run = tmp_path / "run"
+    proc = subprocess.Popen(mpiexec_command(cfg, world.size, run), env=mpi_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "ckpt" / "v000002.pt").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (run / "ckpt" / "v000002.pt").exists(), "the run never checkpointed version 2"
+        os.killpg(proc.pid, signal.SIGKILL)   # at once: no rank flushes anything after this
+    finally:
+        kill_session(proc.pid)
+        proc.wait(timeout=30)
+    newest = max((run / "ckpt").glob("v*.pt"))
+    saved = json.loads(torch.load(newest, map_location="cpu", weights_only=False)["history"])
+    assert not (run / "summary.json").exists()
+    got = read_history(run)[:len(saved)]
+    assert json.dumps(got) == json.dumps(saved), (newest.name, len(got), len(saved))

@@ -353,6 +353,7 @@ class Trainer:
         self.history.append(rec)
         for key, v in rec.items():
             self.metrics.scalar(key, v, version=k + 1)
+        self.metrics.flush()   # a run stopped right after this version still has its record (read_history)
         if self.sinks is not None:
             self.sinks.log(rec, k + 1)
         if self.cfg.runtime.progress:
