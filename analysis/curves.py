@@ -2,7 +2,8 @@
 recipe's sample-efficiency plot for RL runs launched by hand, or stopped before their end.
 
 Each run's history is its summary.json's or, for a run stopped early, rebuilt from its metrics
-(`read_history`). Runs are grouped by mode; async with a staleness bound other than 1 is its own
+(`read_history`), or its newest checkpoint's where that holds more versions (a run stopped before
+a version's metrics were written out). Runs are grouped by mode; async with a staleness bound other than 1 is its own
 group ("async eta=0"). Each evaluation folder (`python -m rlvla3.evaluate --out DIR`) is drawn at
 the version of the checkpoint it evaluated, on the run that wrote it; one that evaluated the runs'
 warm start (`policy.init_from`) is the SFT band. Prints every run's numbers and each group's
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from rlvla3.engine.checkpoints import ckpt_order
+from rlvla3.engine.checkpoints import all_ckpts, ckpt_order, load_torch
 from rlvla3.engine.metrics import read_history, steady_throughput
 from rlvla3.tools.recipe import evaluation_result, plot, success_by_quarter
 
@@ -36,8 +37,19 @@ def group_of(cfg: dict) -> str:
     return mode["name"] if mode["name"] != "async" or mode.get("eta", 1) == 1 else f"async eta={mode['eta']}"
 
 
+def run_history(folder: Path) -> list[dict]:
+    """read_history, or the newest checkpoint's history where it holds more versions."""
+    history, ckpts = read_history(folder), all_ckpts(folder / "ckpt")
+    if ckpts and ckpt_order(ckpts[-1])[0] > len(history):
+        saved = json.loads(load_torch(ckpts[-1], mmap=True)["history"])
+        if len(saved) > len(history):
+            print(f"{folder.name}: metrics hold {len(history)} versions, {ckpts[-1].name} {len(saved)}: using the checkpoint's")
+            return saved
+    return history
+
+
 def load_run(folder: Path, versions: int | None) -> dict:
-    cfg, history = run_config(folder), read_history(folder)
+    cfg, history = run_config(folder), run_history(folder)
     if not history:
         raise SystemExit(f"{folder}: no trained version recorded (metrics/ holds no Trainer scalars)")
     history = history[:versions] if versions else history
