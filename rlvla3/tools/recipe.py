@@ -231,8 +231,8 @@ def plot(result: dict, path: Path) -> None:
     axes[1].set_xlabel("wall time (s)")
     axes[2].set_xlabel("env steps (training success by quarter of the versions)")
     axes[0].set_ylabel("success rate")
-    axes[0].legend(loc="lower right", fontsize=8)
-    axes[2].legend(loc="lower right", fontsize=8)
+    axes[0].legend(loc="upper left", fontsize=8)   # curves rise to the right: the top left stays free
+    axes[2].legend(loc="upper left", fontsize=8)
     fig.suptitle("SFT warm start, then RL: squares = held-out evaluations of the checkpoints")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
