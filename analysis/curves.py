@@ -48,14 +48,18 @@ def run_history(folder: Path) -> list[dict]:
     return history
 
 
-def load_run(folder: Path, versions: int | None) -> dict:
+def load_run(folder: Path) -> dict:
     cfg, history = run_config(folder), run_history(folder)
     if not history:
         raise SystemExit(f"{folder}: no trained version recorded (metrics/ holds no Trainer scalars)")
-    history = history[:versions] if versions else history
     return {"folder": folder.resolve(), "mode": group_of(cfg), "seed": cfg["seed"], "history": history,
-            "init_from": str(Path(cfg["policy"]["init_from"]).resolve()) if cfg["policy"].get("init_from") else "",
-            "env_steps": int(sum(h["env_steps"] for h in history)), "wall_s": history[-1]["t"]}
+            "init_from": str(Path(cfg["policy"]["init_from"]).resolve()) if cfg["policy"].get("init_from") else ""}
+
+
+def first_versions(run: dict, n: int) -> dict:
+    """`run` cut to its first `n` versions, with the env steps and wall time they took."""
+    history = run["history"][:n]
+    return {**run, "history": history, "env_steps": int(sum(h["env_steps"] for h in history)), "wall_s": history[-1]["t"]}
 
 
 def attach_evaluations(runs: list[dict], evals: list[Path]) -> dict | None:
@@ -84,12 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--versions", type=int, default=0, help="compare the first N versions (default: the shortest run's)")
     ap.add_argument("--out", type=Path, required=True, help="the plot (.png); the numbers go beside it as .json")
     a = ap.parse_args(argv)
-    runs = [load_run(f, None) for f in a.runs]
+    runs = [load_run(f) for f in a.runs]
     n = a.versions or min(len(r["history"]) for r in runs)
     short = [str(r["folder"]) for r in runs if len(r["history"]) < n]
     if short:
         raise SystemExit(f"--versions={n}: these runs have fewer: {', '.join(short)}")
-    runs = [load_run(f, n) for f in a.runs]
+    runs = [first_versions(r, n) for r in runs]
     sft = attach_evaluations(runs, a.evals)
     groups = {r["mode"]: [x for x in runs if x["mode"] == r["mode"]] for r in runs}
     result = {"sft_eval": sft, "versions": n, "rl": runs,

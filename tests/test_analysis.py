@@ -71,10 +71,9 @@ def test_a_run_killed_after_a_version_keeps_its_history_in_its_metrics(tmp_path)
     import signal
     import time
 
-    import torch
-
     from rlvla3.cluster.compose import compose, prepare_run_dir
     from rlvla3.cluster.local import kill_session, mpi_env, mpiexec_command
+    from rlvla3.engine.checkpoints import all_ckpts, load_torch
     from rlvla3.engine.metrics import read_history
 
     cfg, world = prepare_run_dir(compose([*TOY, "algo.max_versions=1000"]), tmp_path / "run")
@@ -90,8 +89,8 @@ def test_a_run_killed_after_a_version_keeps_its_history_in_its_metrics(tmp_path)
     finally:
         kill_session(proc.pid)
         proc.wait(timeout=30)
-    newest = max((run / "ckpt").glob("v*.pt"))
-    saved = json.loads(torch.load(newest, map_location="cpu", weights_only=False)["history"])
+    newest = all_ckpts(run / "ckpt")[-1]
+    saved = json.loads(load_torch(newest)["history"])
     assert not (run / "summary.json").exists()
     got = read_history(run)[:len(saved)]
     assert json.dumps(got) == json.dumps(saved), (newest.name, len(got), len(saved))

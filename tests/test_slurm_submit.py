@@ -182,8 +182,6 @@ def test_a_requeue_whose_scontrol_is_terminated_by_it_exits_as_requeued(tmp_path
     """Slurm terminates every process of a job it requeues, `scontrol requeue` itself included;
     dying of that SIGTERM is a requeue done (exit as submitit does), any other failure is raised.
     `scontrol` here is a script that ends as the real one did in the failed run."""
-    import signal
-
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text('#!/bin/sh\n[ "$2" = "term" ] && kill -TERM $$\nexit 1\n')
@@ -198,4 +196,4 @@ def test_a_requeue_whose_scontrol_is_terminated_by_it_exits_as_requeued(tmp_path
     assert exited.value.code == -1
     with pytest.raises(subprocess.CalledProcessError) as failed:
         slurm.requeue_by(submitit_handler("other"))()
-    assert failed.value.returncode == 1 and failed.value.returncode != -signal.SIGTERM
+    assert failed.value.returncode == 1
