@@ -366,8 +366,8 @@ def validate(cfg: RunConfig) -> None:
         proprio_dim = env_dims(cfg).proprio_dim
         need = hashed_pi05_min_length(proprio_dim)
         _require(p.instruction_len >= need, "policy.instruction_len", p.instruction_len,
-                 f"a random-initialised pi05's prompt holds the task, the {proprio_dim} state values "
-                 f"and 4 fixed words: give at least {need} (more for a longer instruction)")
+                 f"a random-initialised pi05's prompt holds the task, the {proprio_dim} state values as "
+                 f"digits (up to 4 words each) and 4 fixed words: give at least {need} (more for a longer instruction)")
     _require_path(p.init_from, "policy.init_from", "a checkpoint file (.pt)", want_dir=False)
     _require_path(interpreter(cfg), "env.python", "an interpreter of the env's virtual environment (<venv>/bin/python)",
                   want_dir=False)

@@ -14,11 +14,13 @@ from rlvla3.config import ConfigError
 from rlvla3.policies import make_policy, pi05
 from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
 from rlvla3.policies.prompts import (
+    WORD_MARK,
     HashedPi05Prompt,
     Pi05Prompt,
     hashed_pi05_min_length,
     hashed_words,
     instruction_encoder,
+    pi05_words,
     write_tiny_tokenizer,
 )
 from rlvla3.world import derive, spec, validate
@@ -113,21 +115,27 @@ def test_a_random_initialised_pi05_reads_the_raw_binned_state_in_its_prompt():
     assert isinstance(encode, HashedPi05Prompt) and encode.reads_state
     state = np.array([-1.0, 0.0, 0.25, 3.0][:spec(cfg).proprio_dim], np.float32)
     bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
-    want = f"Task: go to the red square, State: {' '.join(map(str, bins))};\nAction: "
+    text = f"Task: go to the red square, State: {' '.join(map(str, bins))};\nAction: "
+    words = pi05_words(text)
+    assert words[words.index("State:") + 1:][:6] == [WORD_MARK, "0", WORD_MARK, "1", "2", "8"]   # bins 0 and 128
     ids = encode("go to the red_square ", state)
-    np.testing.assert_array_equal(ids, hashed_words(want, 48, cfg.policy.vocab))
+    np.testing.assert_array_equal(ids, hashed_words(" ".join(words), cfg.policy.instruction_len, cfg.policy.vocab))
+    # A state a bin away changes one digit's word, and that word is one the other values use too:
+    # a random-initialised π0.5 reads a bin no demonstration reached with trained embeddings.
     moved = state.copy()
-    moved[1] += 0.01   # one bin (2/256 wide) up
+    moved[1] += 0.01   # bin 128 -> 129
     changed = np.flatnonzero(encode("go to the red square", moved) != ids)
-    assert len(changed) == 1 and changed[0] == len("Task: go to the red square, State:".split()) + 1
+    assert len(changed) == 1 and changed[0] == words.index("State:") + 6
+    assert encode("go to the red square", moved)[changed[0]] in set(hashed_words("0 1 2 3 4 5 6 7 8 9", 11, cfg.policy.vocab))
     with pytest.raises(ValueError, match=r"policy.instruction_len=8 cuts π0.5's prompt of \d+ words"):
         HashedPi05Prompt(8, cfg.policy.vocab)("go to the red square", state)
     # The run's config is refused before any rank starts when even a one-word task cannot fit;
     # the bound is exact: a one-word task fills the shortest allowed prompt.
     need = hashed_pi05_min_length(spec(cfg).proprio_dim)
-    HashedPi05Prompt(need, cfg.policy.vocab)("lift", state)
+    longest = np.full_like(state, 0.5)   # bin 192 in every value: 3 digits each
+    HashedPi05Prompt(need, cfg.policy.vocab)("lift", longest)
     with pytest.raises(ValueError, match="cuts"):
-        HashedPi05Prompt(need - 1, cfg.policy.vocab)("lift", state)
+        HashedPi05Prompt(need - 1, cfg.policy.vocab)("lift", longest)
     derive(compose([*PI05_TOY, f"policy.instruction_len={need}"]))
     with pytest.raises(ConfigError, match=rf"policy\.instruction_len={need - 1}: .* give at least {need}"):
         derive(compose([*PI05_TOY, f"policy.instruction_len={need - 1}"]))

@@ -10,6 +10,7 @@ byte-fallback tokenizer never emits, and PaliGemma's is `<pad>`).
 from __future__ import annotations
 
 import functools
+import re
 import zlib
 from pathlib import Path
 from typing import Callable
@@ -124,18 +125,36 @@ def pi05_text(instruction: str, state: np.ndarray) -> str:
     return f"Task: {text}, State: {' '.join(map(str, bins))};\nAction: "
 
 
+# SentencePiece's word mark: PaliGemma's tokenizer writes " 130" as the mark and one piece per digit.
+WORD_MARK = "\u2581"
+
+
+def pi05_words(text: str) -> list[str]:
+    """π0.5's prompt text as the words a random-initialised π0.5 embeds: a word holding a number
+    becomes the word mark and its digits (and any other characters) one by one, as PaliGemma's
+    tokenizer (split_digits) writes it. A whole bin as one word would be 256 words of which a few
+    demonstrations train a handful: a state a few millimetres outside them would read as untrained
+    embeddings (README, LIBERO); ten digits are all trained by any state."""
+    words = []
+    for w in text.split():
+        words += [WORD_MARK, *re.findall(r"\d|\D+", w)] if any(c.isdigit() for c in w) else [w]
+    return words
+
+
 def hashed_pi05_min_length(proprio_dim: int) -> int:
-    """The shortest policy.instruction_len a HashedPi05Prompt can hold: "Task:", one instruction
-    word, "State:", a word per proprio value, "Action:" and the end id."""
-    return proprio_dim + 5
+    """The shortest policy.instruction_len a HashedPi05Prompt can hold whatever the state: "Task:",
+    one instruction word, "State:", up to 4 words per value (the mark and 3 digits, or the mark,
+    "-" and "1"), the ";" split off the last, "Action:" and the end id."""
+    return 4 * proprio_dim + 6
 
 
 class HashedPi05Prompt:
     """A random-initialised π0.5's prompt: π0.5's text, state included, as the project's hashed
     words (no tokenizer, no statistics: the raw proprio is binned; LIBERO's end-effector position
     spans 20-70 bins, its gripper a few). Without it the state would reach the model nowhere
-    (π0.5 has no state token). A prompt longer than `length` fails, naming policy.instruction_len,
-    instead of losing the state at its end."""
+    (π0.5 has no state token). Numbers are split into digits as PaliGemma's tokenizer splits them
+    (pi05_words): a bin no demonstration reached still reads as trained words. A prompt longer
+    than `length` fails, naming policy.instruction_len, instead of losing the state at its end."""
 
     reads_state = True
 
@@ -143,11 +162,11 @@ class HashedPi05Prompt:
         self.length, self.vocab = length, vocab
 
     def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:
-        text = pi05_text(instruction, np.asarray(state, np.float32))
-        if len(text.split()) >= self.length:   # hashed_words keeps length - 1 words and the end id
-            raise ValueError(f"policy.instruction_len={self.length} cuts π0.5's prompt of {len(text.split())} words "
-                             f"({text!r}): give at least {len(text.split()) + 1}")
-        return hashed_words(text, self.length, self.vocab)
+        words = pi05_words(pi05_text(instruction, np.asarray(state, np.float32)))
+        if len(words) >= self.length:   # hashed_words keeps length - 1 words and the end id
+            raise ValueError(f"policy.instruction_len={self.length} cuts π0.5's prompt of {len(words)} words "
+                             f"({' '.join(words)!r}): give at least {len(words) + 1}")
+        return hashed_words(" ".join(words), self.length, self.vocab)
 
 
 class Pi05Prompt(CheckpointPrompt):
