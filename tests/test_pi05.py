@@ -127,6 +127,9 @@ def test_a_random_initialised_pi05_reads_the_raw_binned_state_in_its_prompt():
     changed = np.flatnonzero(encode("go to the red square", moved) != ids)
     assert len(changed) == 1 and changed[0] == words.index("State:") + 6
     assert encode("go to the red square", moved)[changed[0]] in set(hashed_words("0 1 2 3 4 5 6 7 8 9", 11, cfg.policy.vocab))
+    # Without a state (SFT's --state-dropout), the task alone.
+    np.testing.assert_array_equal(encode("go to the red square", None),
+                                  hashed_words("Task: go to the red square;\nAction: ", cfg.policy.instruction_len, cfg.policy.vocab))
     with pytest.raises(ValueError, match=r"policy.instruction_len=8 cuts π0.5's prompt of \d+ words"):
         HashedPi05Prompt(8, cfg.policy.vocab)("go to the red square", state)
     # The run's config is refused before any rank starts when even a one-word task cannot fit;

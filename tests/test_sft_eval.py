@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from rlvla3.tools.episodes import wilson
 from tests.conftest import needs_mpi
@@ -227,7 +228,7 @@ def test_sft_writes_the_demonstrations_prompts_as_the_trained_policy_reads_them(
     SFT re-encodes the instructions the shards record with the trained policy's encoder."""
     from rlvla3.cluster.compose import compose
     from rlvla3.policies.prompts import instruction_encoder
-    from rlvla3.tools.sft import load_demos
+    from rlvla3.tools.sft import drop_state, load_demos
 
     run("rlvla3.collect", "+experiment=toy", "--episodes", "4", "--out", str(tmp_path / "demos"))
     recorded = load_demos(tmp_path / "demos")
@@ -243,9 +244,24 @@ def test_sft_writes_the_demonstrations_prompts_as_the_trained_policy_reads_them(
     for i in range(0, len(rows["tokens"]), 7):
         assert any(np.array_equal(rows["tokens"][i], encode(t, rows["proprio"][i])) for t in texts), i
     assert len({r.tobytes() for r in rows["tokens"]}) > 4 * len(texts)   # the state moves the prompt, not only the task
+    # --state-dropout: each row's prompt without the state beside it; a dropped row gets it and proprio 0.
+    blind = load_demos(tmp_path / "demos", 1, encode, blind=True)
+    np.testing.assert_array_equal(blind["tokens"], rows["tokens"])
+    assert {r.tobytes() for r in blind["tokens_blind"]} == {encode(t, None).tobytes() for t in texts}
+    t = {k: torch.from_numpy(v) for k, v in blind.items()}
+    idx = torch.arange(len(blind["tokens"]))
+    proprio, tokens = drop_state(t, idx, 0.0, torch.Generator().manual_seed(0))
+    assert torch.equal(proprio, t["proprio"]) and torch.equal(tokens, t["tokens"])
+    proprio, tokens = drop_state(t, idx, 0.5, torch.Generator().manual_seed(0))
+    dropped = (proprio == 0).all(1) & (t["proprio"] != 0).any(1)
+    assert 0.3 < dropped.float().mean() < 0.7
+    assert torch.equal(tokens[dropped], t["tokens_blind"][dropped]) and torch.equal(tokens[~dropped], t["tokens"][~dropped])
     out = run("rlvla3.sft", "--demos", str(tmp_path / "demos"), "+experiment=toy", "policy=pi05", "--steps", "3",
-              "--out", str(tmp_path / "pi05.pt"))
-    assert "3 steps" in out.stdout
+              "--state-dropout", "0.5", "--out", str(tmp_path / "pi05.pt"))
+    assert "3 steps" in out.stdout and torch.load(tmp_path / "pi05.pt", weights_only=False)["sft"]["state_dropout"] == 0.5
+    bad = subprocess.run([sys.executable, "-m", "rlvla3.sft", "--demos", str(tmp_path / "demos"), "+experiment=toy",
+                          "--state-dropout", "1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--state-dropout 1.0: give a share in [0, 1)" in bad.stderr
 
 
 def test_recipe_training_curve_is_a_success_rate_over_whole_versions():

@@ -34,6 +34,14 @@ def row_encoder(encode: Encoder) -> Callable[[str, np.ndarray], np.ndarray]:
     return lambda text, proprio: once(text)
 
 
+def blind_encoder(encode: Encoder) -> Encoder:
+    """`encode` without the state: a prompt that holds it (π0.5) written with the task alone, any
+    other as it is (SFT's --state-dropout)."""
+    if not getattr(encode, "reads_state", False):
+        return encode
+    return lambda text: encode(text, None)
+
+
 def hashed_words(text: str, length: int, vocab: int) -> np.ndarray:
     """Instruction -> int32[length]: lower-cased words hashed (crc32, stable across processes)
     into ids 2..vocab-1; 1 = end of text, 0 = padding."""
@@ -118,9 +126,12 @@ class Pi0Prompt(CheckpointPrompt):
         return [self.bos, *self.text_ids(text), *self.text_ids("\n")]
 
 
-def pi05_text(instruction: str, state: np.ndarray) -> str:
-    """π0.5's prompt text for a normalised state: each value cut into one of 256 bins of [-1, 1]."""
+def pi05_text(instruction: str, state: np.ndarray | None) -> str:
+    """π0.5's prompt text for a normalised state: each value cut into one of 256 bins of [-1, 1].
+    Without a state (SFT's --state-dropout), the task alone."""
     text = instruction.strip().replace("_", " ").replace("\n", " ")
+    if state is None:
+        return f"Task: {text};\nAction: "
     bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
     return f"Task: {text}, State: {' '.join(map(str, bins))};\nAction: "
 
@@ -162,7 +173,7 @@ class HashedPi05Prompt:
         self.length, self.vocab = length, vocab
 
     def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:
-        words = pi05_words(pi05_text(instruction, np.asarray(state, np.float32)))
+        words = pi05_words(pi05_text(instruction, None if state is None else np.asarray(state, np.float32)))
         if len(words) >= self.length:   # hashed_words keeps length - 1 words and the end id
             raise ValueError(f"policy.instruction_len={self.length} cuts π0.5's prompt of {len(words)} words "
                              f"({' '.join(words)!r}): give at least {len(words) + 1}")
@@ -186,7 +197,7 @@ class Pi05Prompt(CheckpointPrompt):
         self.norm.affine("observation.state")   # a base checkpoint without statistics fails here, naming them
 
     def ids(self, instruction: str, state: np.ndarray | None = None) -> list[int]:
-        s = self.norm.normalise("observation.state", np.asarray(state, np.float32))
+        s = None if state is None else self.norm.normalise("observation.state", np.asarray(state, np.float32))
         return [self.bos, *self.text_ids(pi05_text(instruction, s))]
 
     def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:

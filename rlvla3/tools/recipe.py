@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sft-steps", type=int, default=40, help="SFT optimizer steps (few: a modest warm start)")
     ap.add_argument("--sft-lr-decay", action="store_true", help="SFT's learning rate decays linearly to 0 (sft --lr-decay)")
     ap.add_argument("--sft-shift", type=int, default=0, help="SFT's random-shift augmentation in pixels (sft --shift)")
+    ap.add_argument("--sft-state-dropout", type=float, default=0.0,
+                    help="share of SFT's rows trained without the state (sft --state-dropout)")
     ap.add_argument("--versions", type=int, default=20, help="RL versions per mode")
     ap.add_argument("--eval-episodes", type=int, default=208,
                     help="evaluation episodes per checkpoint (LIBERO: the protocol's fixed states; beyond 50 a task, "
@@ -270,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         step(["rlvla3.collect", "--episodes", str(a.demo_episodes), "--out", str(out / "demos"), *ov], out / "collect.log")
     if not (a.resume and (out / "sft.pt").is_file()):
         step(["rlvla3.sft", "--demos", str(out / "demos"), "--steps", str(a.sft_steps),
-              *(["--lr-decay"] if a.sft_lr_decay else []), "--shift", str(a.sft_shift), "--out", str(out / "sft.pt"), *ov],
+              *(["--lr-decay"] if a.sft_lr_decay else []), "--shift", str(a.sft_shift),
+              "--state-dropout", str(a.sft_state_dropout), "--out", str(out / "sft.pt"), *ov],
              out / "sft.log")
     result = {"overrides": ov, "sft_eval": evaluate(out / "sft.pt", out / "eval-sft", a, ov, cfg), "rl": []}
     for mode, seed in runs:

@@ -38,17 +38,19 @@ def chunk_actions(actions: np.ndarray, ended: np.ndarray, k: int) -> np.ndarray:
     return actions[idx, np.arange(actions.shape[1])[None, :, None]]
 
 
-def load_demos(demos: Path, chunk: int = 1, encode=None) -> dict[str, np.ndarray]:
+def load_demos(demos: Path, chunk: int = 1, encode=None, blind: bool = False) -> dict[str, np.ndarray]:
     """Every valid row of the demonstration shards under `demos` (or `demos/shards`), flattened,
     with `actions` as chunks [rows, K, D] and, given the trained policy's `encode`, its prompts
-    (prompt_tokens) in place of the tokens the collecting policy's encoder wrote."""
+    (prompt_tokens) in place of the tokens the collecting policy's encoder wrote; `blind`: also
+    each row's prompt without the state (`tokens_blind`, for --state-dropout)."""
     from ..engine import shards
+    from ..policies.prompts import blind_encoder
 
     d = demos / "shards" if (demos / "shards").is_dir() else demos
     names = shards.scan(d)
     if not names:
         raise SystemExit(f"--demos {demos}: no shards there (make them with python -m rlvla3.collect)")
-    parts = {k: [] for k in ("images", "proprio", "tokens", "actions")}
+    parts = {k: [] for k in ("images", "proprio", "tokens", "actions", *(["tokens_blind"] if blind else []))}
     for n in names:
         a, attrs = shards.read_shard(d / n)
         if attrs.get("source") != "expert":
@@ -58,6 +60,8 @@ def load_demos(demos: Path, chunk: int = 1, encode=None) -> dict[str, np.ndarray
         tokens = a["tokens"] if encode is None else prompt_tokens(a["proprio"], attrs, encode, a["tokens"])
         rows = {"images": a["images"], "proprio": a["proprio"], "tokens": tokens,
                 "actions": chunk_actions(a["actions"][:, :, 0], a["terminated"] | a["truncated"], chunk)}
+        if blind:
+            rows["tokens_blind"] = prompt_tokens(a["proprio"], attrs, blind_encoder(encode), a["tokens"])
         for k in parts:
             parts[k].append(rows[k].reshape(-1, *rows[k].shape[2:])[m])
     return {k: np.concatenate(v) for k, v in parts.items()}
@@ -88,14 +92,18 @@ def prompt_tokens(proprio: np.ndarray, attrs: dict, encode, recorded: np.ndarray
     return out
 
 
-def load_rows(demos: Path, cfg, cameras: dict[str, str]) -> dict[str, np.ndarray]:
-    """The demonstrations of --demos: the project's shards, or a LeRobotDataset mapped onto cfg.env."""
+def load_rows(demos: Path, cfg, cameras: dict[str, str], blind: bool = False) -> dict[str, np.ndarray]:
+    """The demonstrations of --demos: the project's shards, or a LeRobotDataset mapped onto cfg.env.
+    `blind`: with each row's prompt without the state too (--state-dropout; shards only)."""
     from .lerobot_dataset import DatasetError, is_lerobot, load_lerobot
 
     if not is_lerobot(demos):
         from ..policies.prompts import instruction_encoder
 
-        return load_demos(demos, cfg.policy.chunk, instruction_encoder(cfg.policy))
+        return load_demos(demos, cfg.policy.chunk, instruction_encoder(cfg.policy), blind)
+    if blind:
+        raise SystemExit(f"--state-dropout with a LeRobotDataset ({demos}): not supported yet; collect "
+                         "demonstration shards (python -m rlvla3.collect) or drop --state-dropout")
     try:
         rows = load_lerobot(demos, cfg, cameras)
     except DatasetError as e:
@@ -133,13 +141,14 @@ def random_shift(images, shift: int, gen):
 
 
 def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, seed: int = 0,
-          lr_decay: bool = False, shift: int = 0):
+          lr_decay: bool = False, shift: int = 0, state_dropout: float = 0.0):
     """Clone the demonstrations into the policy of `cfg`; returns (policy, loss history, the names
     of the parameters no gradient reached). The expert's action chunks are turned into the policy's
     own sample (token ids, a Gaussian's mean or a chain) by the policy, with a released checkpoint's
     own action normalisation. `lr_decay`: the learning rate falls linearly to 0 at the last step
     (the RL runs' schedule, algo.lr_at).
-    `shift`: each batch's images randomly shifted by up to that many pixels (random_shift)."""
+    `shift`: each batch's images randomly shifted by up to that many pixels (random_shift).
+    `state_dropout`: the share of a batch's rows that see no state (drop_state)."""
     import torch
 
     from ..algo import lr_at
@@ -168,8 +177,9 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
         for g in opt.param_groups:
             g["lr"] = lr_at(lr, step + 1, 0, steps, lr_decay)
         idx = torch.from_numpy(rng.integers(0, len(rows["sample"]), batch))
-        mb = [random_shift(t["images"][idx], shift, gen).to(device),
-              *(t[k][idx].to(device) for k in ("proprio", "tokens", "sample", "actions"))]
+        proprio, tokens = drop_state(t, idx, state_dropout, gen)
+        mb = [random_shift(t["images"][idx], shift, gen).to(device), proprio.to(device), tokens.to(device),
+              *(t[k][idx].to(device) for k in ("sample", "actions"))]
         loss = policy.bc_loss(*mb).mean()
         opt.zero_grad()
         loss.backward()
@@ -184,6 +194,20 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
     # (torch_learner.load_init), e.g. the flow noise std it explores with, not SFT's copy. Tracked
     # by gradient, not by comparing with a copy of the initial weights (a 7B model's second copy).
     return policy, history, list(unreached)
+
+
+def drop_state(t: dict, idx, share: float, gen):
+    """The batch's proprio and prompts with a random `share` of its rows blind to the state: proprio
+    0 and the prompt without it (`tokens_blind`). A policy whose prompt holds the state (π0.5) can
+    fit the demonstrations from the state alone and learn nothing from its images (README, LIBERO):
+    rows without it must be acted on from the images."""
+    import torch
+
+    proprio, tokens = t["proprio"][idx], t["tokens"][idx]
+    if share == 0:
+        return proprio, tokens
+    drop = torch.rand(len(idx), generator=gen) < share
+    return proprio.masked_fill(drop[:, None], 0.0), torch.where(drop[:, None], t["tokens_blind"][idx], tokens)
 
 
 def keep_state_record(demos: Path, out: Path) -> None:
@@ -210,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shift", type=int, default=0,
                     help="random-shift augmentation: move each image up to this many pixels (4 for 64x64 "
                          "images, as DrQ does for 84x84); 0 = none")
+    ap.add_argument("--state-dropout", type=float, default=0.0,
+                    help="share of each batch's rows trained without the state (proprio 0, π0.5's prompt "
+                         "without it), so the images must carry them; 0 = none")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads (default: every core; SFT is one process, unlike a run's ranks)")
     ap.add_argument("--out", default="sft.pt", help="the checkpoint to write (policy.init_from of the RL run)")
@@ -224,15 +251,18 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= a.shift <= most:   # before the demonstrations load (LIBERO's: hundreds of MB)
         raise SystemExit(f"--shift {a.shift}: give 0 (none) to {most} pixels for env.image_size="
                          f"{cfg.env.image_size}; 4 suits 64x64")
+    if not 0 <= a.state_dropout < 1:
+        raise SystemExit(f"--state-dropout {a.state_dropout}: give a share in [0, 1) of the rows (0.5 drops half)")
     torch.set_num_threads(a.threads or os.cpu_count() or 1)
-    rows = load_rows(Path(a.demos), cfg, parse_cameras(a.cameras))
+    rows = load_rows(Path(a.demos), cfg, parse_cameras(a.cameras), a.state_dropout > 0)
     t0 = time.time()
-    policy, hist, untouched = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay, a.shift)
+    policy, hist, untouched = train(cfg, rows, a.steps, a.batch, a.lr, cfg.seed, a.lr_decay, a.shift, a.state_dropout)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": policy.state_dict(), "sft": {"demos": str(a.demos), "rows": len(rows["actions"]),
                                                       "steps": a.steps, "lr": a.lr,
-                                                      "lr_decay": a.lr_decay, "shift": a.shift, "loss": hist,
+                                                      "lr_decay": a.lr_decay, "shift": a.shift,
+                                                      "state_dropout": a.state_dropout, "loss": hist,
                                                       "untrained": untouched}}, out)
     keep_state_record(Path(a.demos), out)
     k = max(1, len(hist) // 10)
