@@ -85,6 +85,13 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
         "--videos", "0", "--greedy", "+experiment=toy", "runtime.tensorboard=false")
     assert json.loads((tmp_path / "greedy" / "eval.json").read_text())["greedy"]
     check_greedy_actions(tmp_path / "greedy", tmp_path / "sft.pt")
+    # What it acts on: toy's target is only in the image (egocentric) and the instruction; another
+    # row's image must raise the cloned policy's open-loop error well above its own rows'.
+    out = run("rlvla3.openloop", "--checkpoint", str(tmp_path / "sft.pt"), "--demos", str(tmp_path / "demos"),
+              "--rows", "256", "+experiment=toy")
+    mean = {line[:18].strip(): float(line.split()[-1]) for line in out.stdout.splitlines()[2:]}
+    assert set(mean) == {"own rows", "images of others", "state of others"}, out.stdout
+    assert mean["images of others"] > 5 * mean["own rows"], out.stdout   # measured: 0.82-0.86 vs 0.03-0.05
 
 
 def check_greedy_actions(run_dir, ckpt) -> None:
