@@ -4,12 +4,13 @@ dimension, three ways:
 
     own rows             each row as recorded
     images of others     each row's images replaced by another row's (state and prompt kept)
-    state of others      each row's proprio and prompt replaced by another row's (images kept)
+    state of others      each row's proprio and prompt replaced by another row's (images kept;
+                         demonstrations of several tasks swap the instruction with it)
 
 An input the policy reads raises its error when it is another row's; one it ignores leaves the
 error unchanged. A small open-loop error says nothing of the closed loop: a random-initialised
 π0.5 cloned LIBERO's demonstrations as closely as the tiny VLA, from the state in its prompt
-alone, and failed every episode (README, LIBERO).
+alone, and failed 49 of 50 episodes (README, LIBERO).
 
     python -m rlvla3.openloop --checkpoint runs/recipe/sft.pt --demos runs/recipe/demos +experiment=libero_object_grpo policy=pi05
 """
@@ -79,7 +80,7 @@ def open_loop_errors(cfg, checkpoint: str, rows: dict[str, np.ndarray], n_rows: 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlvla3.openloop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (rlvla3.sft output or a run's ckpt/)")
-    ap.add_argument("--demos", required=True, help="a collect run folder (or its shards/ folder)")
+    ap.add_argument("--demos", required=True, help="a collect run folder (or its shards/ folder), or a LeRobotDataset folder")
     ap.add_argument("--rows", type=int, default=384, help="demonstration rows to compare on")
     ap.add_argument("--seed", type=int, default=0, help="which rows, which swaps, the chain's start noise")
     ap.add_argument("overrides", nargs="*", help="config overrides: the checkpoint's env and policy")
