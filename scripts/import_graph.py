@@ -32,7 +32,7 @@ MAY_IMPORT = {
     "tools": {"config", "notices", "algo", "envs", "policies", "world", "engine", "cluster", "planner"},
     "entry points": {"cluster", "planner", "tools"},
 }
-ENTRY_POINTS = {"launch", "bench", "plan", "collect", "sft", "evaluate", "recipe", "scale"}
+ENTRY_POINTS = {"launch", "bench", "plan", "collect", "sft", "openloop", "evaluate", "recipe", "scale"}
 
 
 def module_name(path: Path) -> str:
