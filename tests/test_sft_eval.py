@@ -92,6 +92,9 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
     mean = {line[:18].strip(): float(line.split()[-1]) for line in out.stdout.splitlines()[2:]}
     assert set(mean) == {"own rows", "images of others", "state of others"}, out.stdout
     assert mean["images of others"] > 5 * mean["own rows"], out.stdout   # measured: 0.82-0.86 vs 0.03-0.05
+    missing = subprocess.run([sys.executable, "-m", "rlvla3.openloop", "--checkpoint", str(tmp_path / "none.pt"),
+                              "--demos", str(tmp_path / "demos"), "+experiment=toy"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and f"--checkpoint {tmp_path / 'none.pt'}: no such file" in missing.stderr
 
 
 def check_greedy_actions(run_dir, ckpt) -> None:

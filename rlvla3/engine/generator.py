@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import RunConfig
 from ..policies import make_actor
-from ..policies.sampling import greedy_noise
+from ..policies.sampling import draw_noise, greedy_noise
 from ..world import World, spec
 from . import weights
 from .batcher import DynamicBatcher, WindowTuner
@@ -193,13 +193,8 @@ class Generator:
         chain), keyed by (seed, group, request): a sample never depends on its batch. With
         generator.greedy, the noise of the most likely action."""
         rng = np.random.Generator(np.random.Philox(key=[self.cfg.seed, r.gid * 2**32 + r.request_id]))
-        layout = self.sp.sample
-        shape = (r.n, *layout.noise_shape)
-        if layout.noise == "normal":
-            noise = rng.standard_normal(shape, dtype=np.float32)
-        else:
-            noise = rng.random(shape, dtype=np.float32)
-        return greedy_noise(layout, noise) if self.cfg.generator.greedy else noise
+        noise = draw_noise(self.sp.sample, rng, r.n)
+        return greedy_noise(self.sp.sample, noise) if self.cfg.generator.greedy else noise
 
     def _reply(self, r: Request, sample, logp, value) -> None:
         g = self.groups[r.gid]

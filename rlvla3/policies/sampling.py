@@ -44,6 +44,15 @@ def sample_layout(pcfg, action_dim: int) -> SampleLayout:
     return SampleLayout("tokens", k, action_dim, (k * action_dim,), "int32", (k * action_dim, pcfg.action_bins), "uniform")
 
 
+def draw_noise(layout: SampleLayout, rng: np.random.Generator, n: int) -> np.ndarray:
+    """The sampling noise [n, *layout.noise_shape] float32 for n observations: U(0, 1) for
+    Gumbel-max over tokens, N(0, 1) for a denoising chain or a Gaussian chunk."""
+    shape = (n, *layout.noise_shape)
+    if layout.noise == "normal":
+        return rng.standard_normal(shape, dtype=np.float32)
+    return rng.random(shape, dtype=np.float32)
+
+
 def greedy_noise(layout: SampleLayout, noise: np.ndarray) -> np.ndarray:
     """The noise [n, *layout.noise_shape] that makes a family act on its most likely action
     instead of sampling one (generator.greedy, evaluation only), given the drawn noise:

@@ -276,6 +276,7 @@ def families_bench(a) -> int:
     from ..policies import make_policy
     from ..policies.base import pick_device
     from ..policies.lora import trainable
+    from ..policies.sampling import draw_noise
     from ..world import spec
 
     torch.set_num_threads(1)
@@ -308,8 +309,7 @@ def families_bench(a) -> int:
                 rng.integers(0, 255, (b, sp.cameras, sp.image_size, sp.image_size, 3), dtype=np.uint8),
                 rng.normal(size=(b, sp.proprio_dim)).astype(np.float32),
                 rng.integers(2, sp.vocab, (b, sp.instruction_len)).astype(np.int32)))
-            draw = rng.standard_normal if sp.sample.noise == "normal" else rng.random
-            noise = torch.from_numpy(draw((b, *sp.sample.noise_shape)).astype(np.float32)).to(device)
+            noise = torch.from_numpy(draw_noise(sp.sample, rng, b)).to(device)
 
             def act():
                 with torch.no_grad():

@@ -35,13 +35,10 @@ def other_rows(n: int, rng) -> np.ndarray:
 
 def greedy_chunks(actor, layout, obs: dict[str, np.ndarray], seed: int) -> np.ndarray:
     """The policy's greedy env actions [n, K, D] for observations `obs` (sampling.greedy_noise)."""
-    from ..policies.sampling import greedy_noise
+    from ..policies.sampling import draw_noise, greedy_noise
 
-    rng = np.random.default_rng(seed)
     n = len(obs["proprio"])
-    shape = (n, *layout.noise_shape)
-    noise = rng.standard_normal(shape, dtype=np.float32) if layout.noise == "normal" else rng.random(shape, dtype=np.float32)
-    noise = greedy_noise(layout, noise)
+    noise = greedy_noise(layout, draw_noise(layout, np.random.default_rng(seed), n))
     out = []
     for i in range(0, n, BATCH):
         sample, _, _ = actor.act({k: v[i:i + BATCH] for k, v in obs.items()}, noise[i:i + BATCH])
@@ -61,14 +58,12 @@ def open_loop_errors(cfg, checkpoint: str, rows: dict[str, np.ndarray], n_rows: 
     """Mean |greedy action - expert action| per action dimension for each ablation, over `n_rows`
     rows drawn from `rows` (the same rows and noise for all three)."""
     from ..engine.torch_learner import load_init
-    from ..policies import make_policy
-    from ..policies.base import TorchActor
+    from ..policies import make_actor
     from ..world import spec
 
     sp = spec(cfg)
-    policy = make_policy(cfg, sp)
-    load_init(policy, checkpoint)
-    actor = TorchActor(policy, cfg.policy.device)
+    actor = make_actor(cfg, sp)   # a Generator's: the policy on policy.device
+    load_init(actor.policy, checkpoint)
     rng = np.random.default_rng(seed)
     idx = rng.choice(len(rows["actions"]), min(n_rows, len(rows["actions"])), replace=False)
     others = idx[other_rows(len(idx), rng)]
@@ -90,7 +85,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.rows < 2:
         raise SystemExit(f"--rows {a.rows}: give at least 2 (inputs are swapped between rows)")
+    if not Path(a.checkpoint).is_file():   # before the demonstrations load (LIBERO's: hundreds of MB)
+        raise SystemExit(f"--checkpoint {a.checkpoint}: no such file (an rlvla3.sft output or a run's ckpt/v*.pt)")
     cfg = compose(a.overrides)
+    if cfg.policy.name == "emulated":
+        raise SystemExit("policy=emulated has no weights to act with: give the checkpoint's policy (e.g. policy=pi05)")
     rows = load_rows(Path(a.demos), cfg, {})
     errors = open_loop_errors(cfg, a.checkpoint, rows, a.rows, a.seed)
     dims = len(next(iter(errors.values())))
