@@ -150,6 +150,10 @@ class PolicyConfig:
     """A local folder with the pretrained checkpoint's tokenizer.json when it is not in
     policy.pretrained (π0: PaliGemma's tokenizer; LeRobot's π0 folders ship none); empty: the
     checkpoint folder's own."""
+    discrete_state_input: bool = True
+    """pi05: write the state into the prompt as 256-bin text (openpi's discrete_state_input: π0.5
+    reads its state nowhere else); false: the prompt is the task alone and the policy sees no
+    state, as OpenVLA's. Other families read the proprio as a token and refuse false."""
     image_crop: float = 1.0
     """openvla/openvla_oft with pretrained: the fraction of each frame's area a centre crop keeps
     before the resize (OpenVLA's and OFT's LIBERO fine-tunes: 0.9, as they were trained on random

@@ -362,7 +362,9 @@ def validate(cfg: RunConfig) -> None:
     _require(p.d_model % p.heads == 0, "policy.d_model", p.d_model, f"must be divisible by policy.heads={p.heads}")
     _require(p.vocab >= 3, "policy.vocab", p.vocab, "must be >= 3 (ids 0 and 1 are padding and end of text)")
     _require(p.instruction_len >= 1, "policy.instruction_len", p.instruction_len, "must be >= 1")
-    if p.name == "pi05" and not p.pretrained:   # its prompt carries the state: the env's proprio must fit
+    _require(p.discrete_state_input or p.name == "pi05", "policy.discrete_state_input", p.discrete_state_input,
+             f"only pi05 writes its state into the prompt; policy={p.name} reads the proprio as a token: drop the override")
+    if p.name == "pi05" and not p.pretrained and p.discrete_state_input:   # the prompt carries the state: the env's proprio must fit
         proprio_dim = env_dims(cfg).proprio_dim
         need = hashed_pi05_min_length(proprio_dim)
         _require(p.instruction_len >= need, "policy.instruction_len", p.instruction_len,

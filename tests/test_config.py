@@ -36,6 +36,7 @@ from rlvla3.world import derive, sharding_plan
     ("runtime.wandb_mode=onlin", "runtime.wandb_mode"),
     ("algo.ratio=tokens", "algo.ratio"),
     ("generator.greedy=true", "generator.greedy"),
+    ("policy.discrete_state_input=false", "policy.discrete_state_input"),   # toy's tiny VLA reads a proprio token
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

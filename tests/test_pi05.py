@@ -144,6 +144,24 @@ def test_a_random_initialised_pi05_reads_the_raw_binned_state_in_its_prompt():
         derive(compose([*PI05_TOY, f"policy.instruction_len={need - 1}"]))
 
 
+@pytest.mark.parametrize("folder", [False, True])
+def test_without_discrete_state_input_the_prompt_is_the_task_alone(tmp_path, folder):
+    """policy.discrete_state_input=false (openpi's name): π0.5 sees no state; its prompt is the
+    task alone whatever the proprio, encoded once per instruction, and the instruction_len bound
+    that holds a state no longer applies."""
+    if folder:
+        write_folder(tmp_path, compose(PI05_TOY))
+    base = pretrained(tmp_path) if folder else PI05_TOY
+    with_state = instruction_encoder(compose(base).policy)
+    encode = instruction_encoder(compose([*base, "policy.discrete_state_input=false"]).policy)
+    assert with_state.reads_state and not getattr(encode, "reads_state", False)
+    np.testing.assert_array_equal(encode("go to the red square"), with_state("go to the red square", None))
+    state = np.zeros(spec(compose(base)).proprio_dim, np.float32)
+    assert not np.array_equal(encode("go to the red square"), with_state("go to the red square", state))
+    need = hashed_pi05_min_length(spec(compose(base)).proprio_dim)
+    derive(compose([*PI05_TOY, "policy.discrete_state_input=false", f"policy.instruction_len={need - 1}"]))
+
+
 def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
     cfg = compose(PI05_TOY)
     write_folder(tmp_path, cfg)

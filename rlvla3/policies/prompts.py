@@ -36,7 +36,7 @@ def row_encoder(encode: Encoder) -> Callable[[str, np.ndarray], np.ndarray]:
 
 def blind_encoder(encode: Encoder) -> Encoder:
     """`encode` without the state: a prompt that holds it (π0.5) written with the task alone, any
-    other as it is (SFT's --state-dropout)."""
+    other as it is (SFT's --state-dropout; π0.5 with policy.discrete_state_input=false)."""
     if not getattr(encode, "reads_state", False):
         return encode
     return lambda text: encode(text, None)
@@ -128,7 +128,7 @@ class Pi0Prompt(CheckpointPrompt):
 
 def pi05_text(instruction: str, state: np.ndarray | None) -> str:
     """π0.5's prompt text for a normalised state: each value cut into one of 256 bins of [-1, 1].
-    Without a state (SFT's --state-dropout), the task alone."""
+    Without a state (SFT's --state-dropout, policy.discrete_state_input=false), the task alone."""
     text = instruction.strip().replace("_", " ").replace("\n", " ")
     if state is None:
         return f"Task: {text};\nAction: "
@@ -218,8 +218,10 @@ def instruction_encoder(pcfg) -> Encoder:
         return Pi0Prompt(tokenizer_folder(pcfg), pcfg.instruction_len)
     if pcfg.name == "pi05":
         if pcfg.pretrained:
-            return Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, pcfg.pretrained)
-        return HashedPi05Prompt(pcfg.instruction_len, pcfg.vocab)
+            encode = Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, pcfg.pretrained)
+        else:
+            encode = HashedPi05Prompt(pcfg.instruction_len, pcfg.vocab)
+        return encode if pcfg.discrete_state_input else blind_encoder(encode)
     return lambda text: hashed_words(text, pcfg.instruction_len, pcfg.vocab)
 
 
