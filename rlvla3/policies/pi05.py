@@ -9,7 +9,8 @@ What differs from π0, and is built here on transformers' PI0 modules:
   gates do not fit transformers' Gemma layer), reading the prefix's KV cache as π0's do;
 - the action tokens are action_in_proj(x_t) alone (no state token, no [action, time] MLP);
 - the state reaches the model only as text: the Simulator writes it, normalised and cut into 256
-  bins, into the prompt "Task: ..., State: ...;\\nAction: " (prompts.Pi05Prompt).
+  bins, into the prompt "Task: ..., State: ...;\\nAction: " (prompts.Pi05Prompt); with
+  policy.discrete_state_input=false it reaches it nowhere (the prompt is the task alone).
 The prefix (PaliGemma over images and prompt) is transformers' PI0Model's, as the `pi0` family runs it.
 
 Random-initialised from `policy` sizes, or `policy.pretrained`: a LeRobot π0.5 folder (config.json
