@@ -152,13 +152,14 @@ def test_without_discrete_state_input_the_prompt_is_the_task_alone(tmp_path, fol
     if folder:
         write_folder(tmp_path, compose(PI05_TOY))
     base = pretrained(tmp_path) if folder else PI05_TOY
+    proprio_dim = spec(compose(base)).proprio_dim
     with_state = instruction_encoder(compose(base).policy)
     encode = instruction_encoder(compose([*base, "policy.discrete_state_input=false"]).policy)
     assert with_state.reads_state and not getattr(encode, "reads_state", False)
     np.testing.assert_array_equal(encode("go to the red square"), with_state("go to the red square", None))
-    state = np.zeros(spec(compose(base)).proprio_dim, np.float32)
+    state = np.zeros(proprio_dim, np.float32)
     assert not np.array_equal(encode("go to the red square"), with_state("go to the red square", state))
-    need = hashed_pi05_min_length(spec(compose(base)).proprio_dim)
+    need = hashed_pi05_min_length(proprio_dim)
     derive(compose([*PI05_TOY, "policy.discrete_state_input=false", f"policy.instruction_len={need - 1}"]))
 
 
