@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -205,6 +206,24 @@ def survives_a_slow_rank(tmp_path, monkeypatch, patch: str) -> None:
     assert time.monotonic() - t0 > 12 and summary(run)["versions"] == 1
 
 
+LONG_EMULATED = ["+experiment=emulated", "env.in_process=false", "env.num_envs=2", "algo.max_versions=100000",
+                 "runtime.tensorboard=false"]
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment holds RLVLA3_TEST_MARK=`mark` (zombies have none)."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if f"RLVLA3_TEST_MARK={mark}".encode() in env:
+            out.append(int(d))
+    return out
+
+
 def test_a_launcher_timeout_leaves_no_process_of_the_job_behind(tmp_path, monkeypatch):
     """run_local's timeout killed mpiexec only: the ranks (each in its own process group) and
     their env children lived on (6 processes here) until they noticed, holding the run folder's
@@ -213,25 +232,46 @@ def test_a_launcher_timeout_leaves_no_process_of_the_job_behind(tmp_path, monkey
 
     run = tmp_path / "orphans"
     monkeypatch.setenv("RLVLA3_TEST_MARK", str(run))   # inherited by every process of the job
-    cfg = compose(["+experiment=emulated", "env.in_process=false", "env.num_envs=2", "algo.max_versions=100000",
-                   "runtime.tensorboard=false"])
     with pytest.raises(subprocess.TimeoutExpired):
-        run_local(cfg, run, timeout=15, capture=True)
-
-    def of_this_run() -> list[int]:
-        out = []
-        for d in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{d}/environ", "rb") as f:
-                    env = f.read()
-            except OSError:
-                continue
-            if f"RLVLA3_TEST_MARK={run}".encode() in env:
-                out.append(int(d))
-        return out
-
-    left = of_this_run()   # at once: a retry on the same run folder must find it free
+        run_local(compose(LONG_EMULATED), run, timeout=15, capture=True)
+    left = processes_marked(str(run))   # at once: a retry on the same run folder must find it free
     assert not left, f"{len(left)} processes of the job outlived the launcher's timeout"
+
+
+# A tool that runs a job through run_local (an evaluation, a benchmark), as a user starts it from a
+# terminal: Ctrl-C raises KeyboardInterrupt there (set explicitly: a shell starts background
+# commands with SIGINT ignored, and pytest may run in one).
+LAUNCHER = """
+import signal, sys
+from pathlib import Path
+from rlvla3.cluster.compose import compose
+from rlvla3.cluster.local import run_local
+signal.signal(signal.SIGINT, signal.default_int_handler)
+run_local(compose(sys.argv[2:]), Path(sys.argv[1]), timeout=600, capture=True)
+"""
+
+
+# The exit status says the tool ended by the signal: Python ends on an uncaught KeyboardInterrupt
+# by SIGINT itself; SIGTERM is 128 + 15.
+@pytest.mark.parametrize("sig, rc", [(signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_launcher_leaves_no_process_of_the_job_behind(tmp_path, monkeypatch, sig, rc):
+    """mpiexec runs in a session of its own, which neither a terminal's Ctrl-C nor the launcher's
+    own end reaches: stopping a tool that called run_local left the ranks and their envs running,
+    holding the run folder's lock and the cores."""
+    run = tmp_path / "stopped"
+    monkeypatch.setenv("RLVLA3_TEST_MARK", str(run))
+    tool = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(run), *LONG_EMULATED], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(processes_marked(str(run))) < 4:   # the tool, mpiexec and at least two ranks
+        assert tool.poll() is None, f"the job ended before it was stopped: {tool.communicate()[1][-2000:]}"
+        assert time.monotonic() < deadline, "the job's ranks did not start within 120 s"
+        time.sleep(0.5)
+    tool.send_signal(sig)
+    _, err = tool.communicate(timeout=120)
+    assert tool.returncode == rc, err[-2000:]
+    left = processes_marked(str(run))
+    assert not left, f"{len(left)} processes of the job outlived its stopped launcher"
 
 
 def test_a_generator_slow_to_start_is_not_declared_silent(tmp_path, monkeypatch):

@@ -5,10 +5,12 @@ what tests, benchmarks and tools call to run a whole job and wait for it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,18 +51,39 @@ def cpu_warning(cfg, world) -> str | None:
 
 def run_local(cfg, run_dir: Path, timeout: float | None = None, capture: bool = False) -> subprocess.CompletedProcess:
     """Run every rank through mpiexec on this machine; returns when the job ends. mpiexec starts
-    in a session of its own: on `timeout` every process of it (each rank has its own process
-    group, and env children their rank's) is killed before TimeoutExpired is raised."""
+    in a session of its own, so neither the terminal's Ctrl-C nor the end of this process reaches
+    its ranks: on `timeout`, Ctrl-C (KeyboardInterrupt) or SIGTERM to this process, every process
+    of that session (each rank has its own process group, and env children their rank's) is killed
+    before the exception goes on (SIGTERM: SystemExit 143)."""
     cfg, world = prepare_run_dir(cfg, Path(run_dir))
     cmd = mpiexec_command(cfg, world.size, Path(run_dir))
     kw = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True} if capture else {}
-    with subprocess.Popen(cmd, env=mpi_env(), start_new_session=True, **kw) as proc:
+    with subprocess.Popen(cmd, env=mpi_env(), start_new_session=True, **kw) as proc, sigterm_exits():
         try:
             out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:
             kill_session(proc.pid)
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def sigterm_exits():
+    """While in the block, SIGTERM to this process raises SystemExit(143) (the exit status a
+    SIGTERM'd process has) instead of ending it on the spot, so that cleanup code runs (main
+    thread only: a signal handler cannot be set from another)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def session_procs(sid: int) -> dict[int, tuple[int, bytes]]:
