@@ -134,8 +134,9 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: 
     L = L_pi + vf_coef * 0.5 * (V - R)^2 - ent_coef * H + kl_coef * KL_k3(pi || pi_ref)
     With fresh samples pi_prox = pi_behav, so w = 1 and this is standard PPO.
 
-    Token ratios (algo.ratio=token): `logp` and `logp_prox` are per action token [n, T]; each
-    token gets its own ratio r_t, clipped on its own, and L_pi sums the tokens' surrogates (at
+    Token ratios (algo.ratio=token): `logp` and `logp_prox` are per action token [n, T] (a
+    continuous chunk's: per action coordinate, T = K*D); each token gets its own ratio r_t,
+    clipped on its own, and L_pi sums the tokens' surrogates (at
     r = 1 its gradient is the sequence ratio's: sum_t A grad log pi_t). A sample's ratio is the
     product of its T tokens' ratios, so with T = 56 a clip of 0.2 on the product stops a sample
     once its tokens moved ~0.3% each on average; per token, each stops only itself. w stays one

@@ -234,8 +234,10 @@ class AlgoConfig:
     """PPO ratio clip epsilon."""
     ratio: str = "sequence"
     """sequence: one PPO ratio per sample (the product over its action tokens) | token: one ratio
-    per action token, each clipped on its own, as LLM PPO/GRPO clip text tokens (token families,
-    ppo or grpo; the Trainer recomputes pi_prox per token: one no-grad forward a row a version)."""
+    per action token, each clipped on its own, as LLM PPO/GRPO clip text tokens; for a continuous
+    chunk (pi0, pi05, openvla_oft) one per action coordinate, over a chain its S denoising
+    transitions (ppo or grpo; the Trainer recomputes pi_prox per token: one no-grad forward a row a
+    version)."""
     behaviour_clip: float = 2.0
     """Decoupled PPO: cap on the behaviour weight pi_prox / pi_behav."""
     vf_coef: float = 0.5

@@ -386,9 +386,6 @@ def validate(cfg: RunConfig) -> None:
     _require(a.clip > 0, "algo.clip", a.clip, "must be > 0")
     _require(a.ratio in ("sequence", "token"), "algo.ratio", a.ratio, "use sequence or token")
     if a.ratio == "token":
-        _require(sample_layout(p, 1).kind == "tokens", "algo.ratio", a.ratio,
-                 f"token ratios need a family that samples action tokens (tiny, openvla); policy.name={p.name} "
-                 "samples a continuous chunk: use algo.ratio=sequence")
         _require(a.name != "vtrace", "algo.ratio", a.ratio,
                  "algo.name=vtrace weighs whole samples in its targets: use algo.ratio=sequence, or ppo/grpo")
     _require(a.vtrace_rho_clip > 0 and a.vtrace_c_clip > 0, "algo.vtrace_rho_clip", a.vtrace_rho_clip,

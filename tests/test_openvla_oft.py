@@ -115,6 +115,8 @@ def test_the_gaussian_policy_acts_evaluates_and_trains(folder):
     assert torch.allclose(one[0], sample[2:], atol=1e-5), "a sample depends on its batch"
     lp, ent, v = policy.evaluate(images, proprio, tokens, sample)
     assert torch.allclose(lp, logp, atol=1e-4) and torch.allclose(v, value, atol=1e-5)
+    per_coordinate = policy.evaluate(images, proprio, tokens, sample, per_token=True)[0]   # algo.ratio=token
+    assert per_coordinate.shape == (3, 2 * 7) and torch.allclose(per_coordinate.sum(-1), lp, atol=1e-4)
     (lp.sum() + v.sum() + 0.01 * ent.sum()).backward()
     grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert {"log_std", "value_head.weight", "action_head.model.fc2.weight", "proprio_projector.fc1.weight",

@@ -29,9 +29,10 @@ from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 PI05_TOY = [*TOY, "policy=pi05", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3", "policy.instruction_len=48"]
 
 
-def write_folder(root, cfg, seed=0):
-    """A tiny π0.5 for `cfg`'s env in LeRobot's layout, its QUANTILES normaliser, and a
-    PaliGemma-style tokenizer in a folder of its own."""
+def write_folder(root, cfg, seed=0, state_statistics=True):
+    """A tiny π0.5 for `cfg`'s env in LeRobot's layout, its QUANTILES normaliser (without the
+    state's statistics: as a base checkpoint fine-tuned on actions alone), and a PaliGemma-style
+    tokenizer in a folder of its own."""
     sp = spec(cfg)
     torch.manual_seed(seed)
     model = make_policy(compose([o for o in PI05_TOY]), sp).model
@@ -40,6 +41,8 @@ def write_folder(root, cfg, seed=0):
     pi05.save_folder(model, root / "pi05")
     stats = {"observation.state": {"q01": np.full(sp.proprio_dim, -2.0, np.float32), "q99": np.full(sp.proprio_dim, 2.0, np.float32)},
              "action": {"q01": np.full(sp.action_dim, -1.0, np.float32), "q99": np.full(sp.action_dim, 1.0, np.float32)}}
+    if not state_statistics:
+        del stats["observation.state"]
     norm = Normaliser({"observation.state": "STATE", "action": "ACTION"}, {"STATE": "QUANTILES", "ACTION": "QUANTILES"}, stats)
     write_normaliser(root / "pi05", norm, "policy_preprocessor")
     write_normaliser(root / "pi05", norm, "policy_postprocessor")
@@ -163,6 +166,30 @@ def test_without_discrete_state_input_the_prompt_is_the_task_alone(tmp_path, fol
     derive(compose([*PI05_TOY, "policy.discrete_state_input=false", f"policy.instruction_len={need - 1}"]))
 
 
+def test_a_checkpoint_without_state_statistics_loads_when_the_prompt_holds_no_state(tmp_path):
+    """A folder with no statistics for observation.state is refused while π0.5 writes the state
+    into its prompt (naming them), and loads and acts with policy.discrete_state_input=false:
+    nothing then reads them (π0.5 has no state token)."""
+    write_folder(tmp_path, compose(PI05_TOY), state_statistics=False)
+    with pytest.raises(ConfigError, match=r"no 'q01' statistics for 'observation.state'"):
+        validate(compose(pretrained(tmp_path)))
+    cfg = compose([*pretrained(tmp_path), "policy.discrete_state_input=false"])
+    validate(cfg)
+    sp = spec(cfg)
+    encode = instruction_encoder(cfg.policy)
+    tokens = torch.from_numpy(np.stack([encode("go to the red square")] * 2))
+    policy = make_policy(cfg, sp)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (2, sp.cameras, sp.image_size, sp.image_size, 3), generator=g, dtype=torch.uint8)
+    noise = torch.randn(2, *sp.sample.noise_shape, generator=g)
+    far_apart = torch.stack([torch.zeros(sp.proprio_dim), torch.full((sp.proprio_dim,), 50.0)])
+    sample, logp, _ = policy.act(images[:1].expand(2, -1, -1, -1, -1), far_apart, tokens, noise[:1].expand(2, -1, -1, -1))
+    assert torch.isfinite(logp).all()
+    torch.testing.assert_close(sample[0], sample[1])   # the proprio reaches the model nowhere
+    with pytest.raises(ValueError, match="without the checkpoint's state statistics"):
+        Pi05Prompt(tmp_path / "paligemma", 48, None)("go to the red square", np.zeros(sp.proprio_dim, np.float32))
+
+
 def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
     cfg = compose(PI05_TOY)
     write_folder(tmp_path, cfg)
@@ -197,8 +224,11 @@ def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
 
 @needs_mpi
 @pytest.mark.slow
-def test_a_pretrained_pi05_trains_through_the_engine_with_matching_logprobs(tmp_path):
+@pytest.mark.parametrize("ratio", ["sequence", "token"])
+def test_a_pretrained_pi05_trains_through_the_engine_with_matching_logprobs(tmp_path, ratio):
+    """algo.ratio=token: the Trainer's π_prox per action coordinate (a row's K*D log-probs of its
+    S denoising transitions), summed, must match the Generator's log-prob of the whole chain."""
     write_folder(tmp_path, compose(PI05_TOY))
     # The default LoRA, over a float32 base (bfloat16 matmuls are slow on CPUs; the OFT engine test runs that).
-    over = [*pretrained(tmp_path), *LOGP_CHECK, "policy.lora_base_dtype=float32"]
-    run_logprob_check(tmp_path, over, "pretrained pi05")
+    over = [*pretrained(tmp_path), *LOGP_CHECK, "policy.lora_base_dtype=float32", f"algo.ratio={ratio}"]
+    run_logprob_check(tmp_path, over, f"pretrained pi05, {ratio} ratios")

@@ -52,6 +52,9 @@ def test_act_evaluate_agree_and_train(family):
     assert torch.allclose(one[0].float(), sample[:1].float(), atol=1e-5), "a sample depends on its batch"
     lp, ent, v = policy.evaluate(images, proprio, tokens, sample)
     assert torch.allclose(lp, logp, atol=1e-4) and torch.allclose(v, value, atol=1e-5)
+    # algo.ratio=token: one log-prob per action token / coordinate of the chunk, which sum to the sample's.
+    per_token = policy.evaluate(images, proprio, tokens, sample, per_token=True)[0]
+    assert per_token.shape == (5, sp.chunk * 2) and torch.allclose(per_token.sum(-1), lp, atol=1e-4)
     (lp.sum() + v.sum() - ent.sum()).backward()
     assert sum(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in policy.parameters()) > 0
     actions = policy.to_env_action(sample.detach().numpy())

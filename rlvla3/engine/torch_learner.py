@@ -41,7 +41,7 @@ class Rows:
     sample: torch.Tensor      # what the policy sampled (token ids or denoising chain)
     valid: torch.Tensor       # float 1/0: the row is a decision (grpo: 0 after an episode ended)
     logp_behav: torch.Tensor
-    logp_prox: torch.Tensor   # NaN until computed; [n] or, with algo.ratio=token, per token [n, T]
+    logp_prox: torch.Tensor   # NaN until computed; [n] or, with algo.ratio=token, per action coordinate [n, K*D]
     adv: torch.Tensor
     ret: torch.Tensor
     versions: torch.Tensor
@@ -72,7 +72,8 @@ def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
         adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], algo.gamma,
                        algo.gae_lambda)
     lb, sample = flat(a["logprobs"]), flat(a["sample"])
-    prox_shape = sample.shape[:2] if algo.ratio == "token" else lb.shape
+    # Token ratios: one log-prob per action coordinate of the chunk (K*D: a token family's tokens).
+    prox_shape = (len(lb), int(np.prod(a["actions"].shape[2:]))) if algo.ratio == "token" else lb.shape
     return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), sample,
                 flat(a["valid"]).float(), lb, torch.full(prox_shape, float("nan")), flat(adv), flat(ret),
                 flat(a["versions"]), segment)

@@ -7,7 +7,8 @@ action token ids, or a denoising chain) and a value estimate V(s):
   never on which other samples share the batch; returns (sample, log pi(sample|s), V(s));
 - `evaluate(obs, sample)` returns log pi(sample|s), entropy and V(s) with gradients, for the
   Trainer (log pi of the same weights must match `act`'s: algo.check_logprobs measures it);
-  token families also give each action token's log pi (`per_token=True`, algo.ratio=token);
+  with `per_token=True` (algo.ratio=token) each action token's log pi, or for a continuous chunk
+  each action coordinate's [n, K*D];
 - `to_env_action(sample)` maps a sample to the env's action chunk [n, K, D] in [-1, 1].
 
 `TokenPolicy` is the discrete-token case (OpenVLA-style bins): a family gives per-token logits
@@ -41,12 +42,12 @@ class Policy(nn.Module):
     def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
         raise NotImplementedError
 
-    def _no_tokens(self, per_token: bool) -> None:
-        """Families that sample a continuous chunk have no per-token log-probs (world.validate
-        refuses algo.ratio=token for them before any rank starts)."""
-        if per_token:
-            raise ValueError(f"{type(self).__name__} samples a continuous chunk: no per-token log-probs "
-                             "(algo.ratio=token needs a token family)")
+    @staticmethod
+    def coordinate_logp(logp: torch.Tensor, per_token: bool) -> torch.Tensor:
+        """A continuous chunk's log pi per action coordinate [n, K, D] -> the sample's [n], or with
+        `per_token` each coordinate's [n, K*D], chunk-major as a token family's tokens
+        (algo.ratio=token: the field's "token level" for continuous actions)."""
+        return logp.flatten(1) if per_token else logp.sum((-1, -2))
 
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         return tokens_to_actions(sample, self.action_bins, self.chunk, self.action_dim)

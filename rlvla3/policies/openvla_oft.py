@@ -190,10 +190,9 @@ class ReleasedOFT(Policy):
         return sample, torch.distributions.Normal(mean, self._sigma()).log_prob(sample).sum((-1, -2)), value.float()
 
     def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
-        self._no_tokens(per_token)
         mean, value = self.mean_and_value(images, proprio, tokens)
         sigma = self._sigma()
-        logp = torch.distributions.Normal(mean, sigma).log_prob(sample).sum((-1, -2))
+        logp = self.coordinate_logp(torch.distributions.Normal(mean, sigma).log_prob(sample), per_token)
         entropy = ((0.5 * math.log(2 * math.pi * math.e) + sigma.log()).sum() * self.chunk).expand(images.shape[0])
         return logp, entropy, value.float()
 

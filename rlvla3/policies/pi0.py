@@ -63,9 +63,10 @@ def published_pi0(device: str | torch.device = "meta"):
         return PI0ForConditionalGeneration(PI0Config())
 
 
-def folder_normaliser(folder: str, spec) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+def folder_normaliser(folder: str, spec, state: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """(scale, shift) of the proprio's normalisation and of the actions' (normalised = x * scale +
-    shift) from a LeRobot folder's processor pipelines; identity for a folder without them."""
+    shift) from a LeRobot folder's processor pipelines; identity for a folder without them, and
+    for the proprio of a model with no state token (`state` false: its statistics are not read)."""
     from .lerobot_io import read_normaliser
 
     identity = lambda d: (np.ones(d, np.float32), np.zeros(d, np.float32))  # noqa: E731
@@ -73,13 +74,15 @@ def folder_normaliser(folder: str, spec) -> tuple[tuple[np.ndarray, np.ndarray],
         return identity(spec.proprio_dim), identity(spec.action_dim)
     pre = read_normaliser(folder)
     post = read_normaliser(folder, "policy_postprocessor") if (Path(folder) / "policy_postprocessor.json").is_file() else pre
-    return pre.affine("observation.state", spec.proprio_dim), post.affine("action", spec.action_dim)
+    proprio = pre.affine("observation.state", spec.proprio_dim) if state else identity(spec.proprio_dim)
+    return proprio, post.affine("action", spec.action_dim)
 
 
 class Pi0Flow(Policy):
     # The prefix's KV cache is filled by the VLM's layers and extended by the expert's at each
     # denoising step: policy.grad_checkpointing recomputes the vision tower only.
     cache_writers = ("model.model.vlm.language_model", "model.model.dit")
+    state_token = True   # the proprio enters the action expert (normalised by the folder's statistics)
 
     def __init__(self, pcfg, spec, published: bool = False):
         """published: the published configuration, random, no folder read, on the default device
@@ -99,7 +102,7 @@ class Pi0Flow(Policy):
         self.tokens_per_image = (self.image_size // vlm.vision_config.patch_size) ** 2
         self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
         self.value_head = nn.Linear(vlm.text_config.hidden_size, 1)
-        state, self.action_affine = folder_normaliser(pcfg.pretrained, spec)
+        state, self.action_affine = folder_normaliser(pcfg.pretrained, spec, self.state_token)
         self.register_buffer("state_scale", torch.from_numpy(state[0]), persistent=False)
         self.register_buffer("state_shift", torch.from_numpy(state[1]), persistent=False)
 
@@ -171,14 +174,15 @@ class Pi0Flow(Policy):
         return torch.stack(chain, 1), logp, value.float()
 
     def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
-        """log pi of the stored chain, the entropy of the S Gaussian steps, V(s)."""
-        self._no_tokens(per_token)
+        """log pi of the stored chain (per_token: of each action coordinate's S transitions), the
+        entropy of the S Gaussian steps, V(s)."""
         cache, mask, value = self._prefix(images, proprio, tokens)
         state, sigma = self._state(proprio), self._sigma()
         logp = 0.0
         for k in range(self.steps):
             mu = self._mean_next(cache, mask, state, sample[:, k], k)
-            logp = logp + torch.distributions.Normal(mu, sigma).log_prob(sample[:, k + 1]).sum((-1, -2))
+            logp = logp + torch.distributions.Normal(mu, sigma).log_prob(sample[:, k + 1])
+        logp = self.coordinate_logp(logp, per_token)
         per_step = (0.5 * math.log(2 * math.pi * math.e) + sigma.log()).sum() * self.chunk
         entropy = (self.steps * per_step).expand(images.shape[0])
         return logp, entropy, value.float()

@@ -184,19 +184,24 @@ class Pi05Prompt(CheckpointPrompt):
     """π0.5's: BOS, "Task: {instruction}, State: {bins};\nAction: ", where the proprio is normalised
     with the folder's state statistics (LeRobot's normaliser: quantiles) and cut into 256 bins of
     [-1, 1] (below -1: bin -1, above 1: bin 256, unclipped, as openpi does). It reads the state, so
-    it is encoded at every step, not once per instruction."""
+    it is encoded at every step, not once per instruction. `checkpoint` None: the task alone, no
+    statistics read (policy.discrete_state_input=false: a base checkpoint carries none)."""
 
     bos_token = "<bos>"
     reads_state = True
 
-    def __init__(self, folder: Path, length: int, checkpoint: str | Path):
+    def __init__(self, folder: Path, length: int, checkpoint: str | Path | None):
         from .lerobot_io import read_normaliser
 
         super().__init__(folder, length)
-        self.norm = read_normaliser(checkpoint)
-        self.norm.affine("observation.state")   # a base checkpoint without statistics fails here, naming them
+        self.norm = None if checkpoint is None else read_normaliser(checkpoint)
+        if self.norm is not None:
+            self.norm.affine("observation.state")   # a base checkpoint without statistics fails here, naming them
 
     def ids(self, instruction: str, state: np.ndarray | None = None) -> list[int]:
+        if state is not None and self.norm is None:
+            raise ValueError("this π0.5 prompt was built without the checkpoint's state statistics "
+                             "(policy.discrete_state_input=false): it writes no state")
         s = None if state is None else self.norm.normalise("observation.state", np.asarray(state, np.float32))
         return [self.bos, *self.text_ids(pi05_text(instruction, s))]
 
@@ -218,7 +223,8 @@ def instruction_encoder(pcfg) -> Encoder:
         return Pi0Prompt(tokenizer_folder(pcfg), pcfg.instruction_len)
     if pcfg.name == "pi05":
         if pcfg.pretrained:
-            encode = Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, pcfg.pretrained)
+            stats = pcfg.pretrained if pcfg.discrete_state_input else None   # the state's, needed only to write it
+            encode = Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, stats)
         else:
             encode = HashedPi05Prompt(pcfg.instruction_len, pcfg.vocab)
         return encode if pcfg.discrete_state_input else blind_encoder(encode)
