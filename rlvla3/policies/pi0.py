@@ -82,7 +82,6 @@ class Pi0Flow(Policy):
     # The prefix's KV cache is filled by the VLM's layers and extended by the expert's at each
     # denoising step: policy.grad_checkpointing recomputes the vision tower only.
     cache_writers = ("model.model.vlm.language_model", "model.model.dit")
-    state_token = True   # the proprio enters the action expert (normalised by the folder's statistics)
 
     def __init__(self, pcfg, spec, published: bool = False):
         """published: the published configuration, random, no folder read, on the default device
@@ -102,9 +101,15 @@ class Pi0Flow(Policy):
         self.tokens_per_image = (self.image_size // vlm.vision_config.patch_size) ** 2
         self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
         self.value_head = nn.Linear(vlm.text_config.hidden_size, 1)
-        state, self.action_affine = folder_normaliser(pcfg.pretrained, spec, self.state_token)
+        state, self.action_affine = folder_normaliser(pcfg.pretrained, spec, self.reads_state(pcfg))
         self.register_buffer("state_scale", torch.from_numpy(state[0]), persistent=False)
         self.register_buffer("state_shift", torch.from_numpy(state[1]), persistent=False)
+
+    @staticmethod
+    def reads_state(pcfg) -> bool:
+        """Whether the proprio reaches the model (π0: as the expert's state token), so that a
+        folder's state statistics are read and their size checked against the env's."""
+        return True
 
     def build(self, pcfg, spec):
         """The flow model: transformers' PI0, loaded from policy.pretrained or random at `policy` sizes."""

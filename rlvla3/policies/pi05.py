@@ -214,7 +214,9 @@ def published_pi05(device: str | torch.device = "meta") -> Pi05Model:
 
 
 class Pi05Flow(Pi0Flow):
-    state_token = False   # the state reaches π0.5 only as prompt text (prompts.Pi05Prompt normalises it)
+    @staticmethod
+    def reads_state(pcfg) -> bool:
+        return pcfg.discrete_state_input   # as prompt text only (prompts.Pi05Prompt normalises it)
 
     def build(self, pcfg, spec):
         if pcfg.pretrained:
