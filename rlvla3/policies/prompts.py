@@ -194,8 +194,9 @@ class Pi05Prompt(CheckpointPrompt):
         from .lerobot_io import read_normaliser
 
         super().__init__(folder, length)
-        self.norm = None if checkpoint is None else read_normaliser(checkpoint)
-        if self.norm is not None:
+        self.norm = None
+        if checkpoint is not None:
+            self.norm = read_normaliser(checkpoint)
             self.norm.affine("observation.state")   # a base checkpoint without statistics fails here, naming them
 
     def ids(self, instruction: str, state: np.ndarray | None = None) -> list[int]:
