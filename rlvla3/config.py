@@ -132,6 +132,11 @@ class PolicyConfig:
     """pi0/pi05: initial std of the noise injected at each denoising step (learned per action dim,
     kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability.
     openvla_oft: the initial std of the Gaussian around the regressed chunk (normalised units)."""
+    flow_start_std: float = 1.0
+    """pi0/pi05: std of the chain's start x_0 (1: the flow's own N(0, I)). log pi credits only the
+    noise injected at the denoising steps, not x_0, so RL wants the randomness that decides an
+    episode in the former: 0 starts every chain at the origin (a Gaussian policy around the flow's
+    deterministic path), fractions in between shrink x_0's share."""
     lm_backend: str = "transformers"
     """openvla with lm=llama: the Trainer's language model, transformers | megatron (megatron-core
     GPTModel split over policy.tensor_parallel Trainer ranks; published weights are converted back

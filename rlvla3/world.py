@@ -354,6 +354,8 @@ def validate(cfg: RunConfig) -> None:
     _require(p.lora_rank >= 0, "policy.lora_rank", p.lora_rank, "must be >= 0 (0: full fine-tuning)")
     _require(0.1 <= p.image_crop <= 1.0, "policy.image_crop", p.image_crop, "keep a fraction in [0.1, 1] of the frame's area")
     _require(0.01 <= p.flow_noise_std <= 1.0, "policy.flow_noise_std", p.flow_noise_std, "use a std in [0.01, 1]")
+    _require(0.0 <= p.flow_start_std <= 1.0, "policy.flow_start_std", p.flow_start_std,
+             "use a std in [0, 1] (1: the flow's own start, 0: every chain starts at the origin)")
     for name in ("infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):
         _require(getattr(p, name) >= 0, f"policy.{name}", getattr(p, name), "must be >= 0")
     _require(p.train_samples_per_s > 0, "policy.train_samples_per_s", p.train_samples_per_s, "must be > 0")

@@ -33,6 +33,7 @@ from rlvla3.world import derive, sharding_plan
     ("policy.init_from=/nonexistent.pt", "policy.init_from"),
     ("policy.pretrained=/nonexistent", "policy.pretrained"),
     ("policy.lora_rank=-1", "policy.lora_rank"),
+    ("policy.flow_start_std=1.5", "policy.flow_start_std"),
     ("runtime.wandb_mode=onlin", "runtime.wandb_mode"),
     ("algo.ratio=tokens", "algo.ratio"),
     ("generator.greedy=true", "generator.greedy"),

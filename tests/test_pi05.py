@@ -222,6 +222,31 @@ def test_act_and_evaluate_agree_and_the_expert_is_conditioned_on_time(tmp_path):
     assert not torch.allclose(v1, v2, atol=1e-4), "the velocity does not depend on t: the adaRMS condition is not used"
 
 
+def test_a_chain_started_at_the_origin_varies_only_by_the_noise_that_log_pi_credits():
+    """policy.flow_start_std=0: x_0 is the origin, so what varies between two samples of one
+    observation is the noise injected at the denoising steps, the part of a sample log pi
+    credits; with the flow's own start (1) x_0 moves the chunk far more than that noise does."""
+    spread = {}
+    for start in (1.0, 0.0):
+        cfg = compose([*PI05_TOY, "policy.flow_noise_std=0.01", f"policy.flow_start_std={start}"])
+        sp = spec(cfg)
+        policy = make_policy(cfg, sp)
+        g = torch.Generator().manual_seed(0)
+        n = 16   # one observation, 16 draws of the noise
+        images = torch.randint(0, 255, (1, sp.cameras, sp.image_size, sp.image_size, 3), generator=g,
+                               dtype=torch.uint8).expand(n, -1, -1, -1, -1)
+        proprio = torch.randn(1, sp.proprio_dim, generator=g).expand(n, -1)
+        tokens = torch.from_numpy(instruction_encoder(cfg.policy)("lift", proprio[0].numpy())).expand(n, -1)
+        noise = torch.randn(n, *sp.sample.noise_shape, generator=g)
+        with torch.no_grad():
+            sample, logp, _ = policy.act(images, proprio, tokens, noise)
+            lp, _, _ = policy.evaluate(images, proprio, tokens, sample)
+        assert torch.allclose(lp, logp, atol=1e-3), "evaluate does not recompute act's log-prob of the chain"
+        assert torch.equal(sample[:, 0], noise[:, 0] * start), "the chain does not keep the start it denoised from"
+        spread[start] = sample[:, -1].std(0).mean().item()
+    assert spread[0.0] < 0.1 * spread[1.0], f"chunk spread over draws: {spread}"
+
+
 @needs_mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("ratio", ["sequence", "token"])

@@ -89,6 +89,7 @@ class Pi0Flow(Policy):
         super().__init__()
         torch.manual_seed(pcfg.init_seed)
         self.chunk, self.action_dim, self.steps = spec.chunk, spec.action_dim, pcfg.denoise_steps
+        self.start_std = pcfg.flow_start_std
         self.model = self.published() if published else self.build(pcfg, spec)
         c = self.model.config
         if c.chunk_size != spec.chunk or c.max_action_dim < spec.action_dim or c.max_state_dim < spec.proprio_dim:
@@ -166,10 +167,11 @@ class Pi0Flow(Policy):
     # ------------------------------------------------------------ the policy interface
     @torch.no_grad()
     def act(self, images, proprio, tokens, noise):
-        """Denoise from noise[:, 0] with noise[:, k+1] injected at step k: chain [n, S+1, K, D]."""
+        """Denoise from x_0 = policy.flow_start_std * noise[:, 0] with noise[:, k+1] injected at
+        step k: chain [n, S+1, K, D] (x_0 is kept, so evaluate conditions on it as act did)."""
         cache, mask, value = self._prefix(images, proprio, tokens)
         state, sigma = self._state(proprio), self._sigma()
-        x = noise[:, 0]
+        x = noise[:, 0] * self.start_std
         chain, logp = [x], torch.zeros(x.shape[0], device=x.device)
         for k in range(self.steps):
             mu = self._mean_next(cache, mask, state, x, k)
