@@ -405,7 +405,7 @@ def test_evaluation_of_a_grpo_run_starts_every_episode_from_its_own_state(tmp_pa
     starts = np.concatenate([a["images"][0].reshape(a["images"].shape[1], -1) for a in firsts])
     assert len(starts) == 32
     distinct = len({s.tobytes() for s in starts})
-    # Group size 4: shared seeds would give at most 8 distinct first observations.
+    # Groups of 8 envs: shared seeds would give at most 4 distinct first observations.
     assert distinct > 24, f"only {distinct} distinct initial observations in 32 evaluation episodes"
 
 
