@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import submitit
 
 from rlvla3.cluster import slurm
 from rlvla3.cluster.compose import compose, prepare_run_dir
@@ -156,6 +157,27 @@ def test_a_sigkilled_rank_fails_the_submission(tmp_path):
     assert took < 90, f"{err.value}\n{rank_logs(run)}"   # on a timeout the logs hold every rank's stacks
     message = str(err.value)
     assert job.job_id in message and ("task 1: Killed" in message or "rank 1 (simulator)" in message), message
+
+
+def test_a_job_whose_step_ended_without_results_but_still_runs_is_cancelled_and_named(tmp_path):
+    """After --kill-on-bad-exit killed every rank, srun of a het step has been seen here to miss
+    the step's end, keeping the job RUNNING with no rank left (a SIGKILLed rank then waited out
+    the 120 s timeout). Made on purpose: the script's one step ends, then the script sleeps."""
+    out = subprocess.run(["sbatch", "--parsable", "-p", "cpu", "-n1", f"--output={tmp_path}/%j_batch.out",
+                          f"--error={tmp_path}/%j_batch.err", "--wrap", "srun -n1 sleep 8; sleep 300"],
+                         capture_output=True, text=True, timeout=30, check=True)
+    job_id = out.stdout.strip().split(";")[0]
+    job = submitit.SlurmJob(tmp_path, job_id)
+    try:
+        assert not slurm.steps_ended(job_id)   # just submitted: no step yet, or its step still runs
+        t0 = time.monotonic()
+        with pytest.raises(submitit.core.utils.FailedJobError, match=f"Slurm job {job_id}: its step ended 5s ago"):
+            slurm.wait(job, poll_s=1.0, timeout=120, grace=5.0)
+        took = time.monotonic() - t0
+        assert took < 60, took
+        wait_for(lambda: slurm.queued(job_id) is False, 30, "the cancelled job to leave the queue")
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
 
 
 def test_sbatch_scale_test_leaves_a_run_folder_per_point_and_a_plot(tmp_path):

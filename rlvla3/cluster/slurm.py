@@ -324,6 +324,35 @@ def queued(job_id: str) -> bool | None:
     return any(state in QUEUED_STATES for state in out.stdout.split())
 
 
+# Seconds between wait's sacct looks at the job's step.
+STEP_CHECK_S = 5.0
+# sacct states of a step that has not ended.
+LIVE_STEP_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def steps_ended(job_id: str) -> bool | None:
+    """Whether sacct says the job runs but its srun step has ended: every task of every step
+    that began in this run of the job (not before a requeue) ended, and there was one. The batch
+    step, which runs the script, is not counted. None when sacct does not answer."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State,Start"], capture_output=True,
+                             text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return None
+    if out.returncode != 0:
+        return None
+    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 2]
+    jobs = [(state.split()[0], start) for name, state, start in rows if "." not in name and state.strip()]
+    if not jobs or any(state != "RUNNING" for state, _ in jobs):
+        return False
+    began = max(start for _, start in jobs)   # ISO times sort as text
+    steps = [state.split()[0] for name, state, start in rows
+             if re.search(r"\.\d+$", name) and state.strip() and start >= began and start[:1].isdigit()]
+    return bool(steps) and not any(state in LIVE_STEP_STATES for state in steps)
+
+
 def rank_errors(job, lines: int = 12) -> str:
     """srun's own errors, then the end of every rank log of the job that holds a traceback (or,
     if none does, of every non-empty one): what a job that ended without results has to say. Logs are found by name,
@@ -369,15 +398,19 @@ def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) 
     the job (sacct can lag behind it, and a job whose ranks were all killed leaves no result).
     srun of a het step has been seen (local test cluster) to miss its step's end and wait
     forever after every task exited: a job still queued `grace` s after all its ranks returned
-    is cancelled, with a warning, so it does not hold its nodes until the time limit. `timeout`
-    (seconds, None = as long as Slurm keeps the job alive) cancels the job and raises
-    TimeoutError naming it."""
+    is cancelled, with a warning, so it does not hold its nodes until the time limit; one still
+    queued `grace` s after sacct says its step ended without every result (srun's
+    --kill-on-bad-exit killed the world after a rank died without a word, e.g. SIGKILL) is
+    cancelled and raises, naming what srun and the ranks said. `timeout` (seconds, None = as
+    long as Slurm keeps the job alive) cancels the job and raises TimeoutError naming it."""
     import time
 
     deadline = None if timeout is None else time.monotonic() + timeout
     was_gone = False
+    ended_since, next_step_check = None, 0.0
     while not job.done():
-        if deadline is not None and time.monotonic() > deadline:
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
             dump_stacks(job)
             job.cancel(check=False)
             raise TimeoutError(f"Slurm job {job.job_id} did not finish within {timeout:.0f}s; cancelled it. Where "
@@ -393,6 +426,14 @@ def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) 
         if gone and was_gone:   # twice in a row: slurmctld answers for its own queue
             break
         was_gone = gone
+        if now >= next_step_check:   # sacct goes through the accounting daemon: not every poll
+            next_step_check = now + STEP_CHECK_S
+            ended_since = (ended_since or now) if steps_ended(job.job_id) and not gone else None
+            if ended_since is not None and now - ended_since >= grace:
+                job.cancel(check=False)
+                raise submitit.core.utils.FailedJobError(
+                    f"Slurm job {job.job_id}: its step ended {grace:.0f}s ago without every rank's result, but the job "
+                    f"still runs (srun missed the end); cancelled it. The ranks' logs:\n{rank_errors(job)}")
         time.sleep(min(poll_s, 2.0))
     try:
         results = job.results()
