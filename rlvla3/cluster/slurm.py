@@ -338,18 +338,20 @@ def steps_ended(job_id: str) -> bool | None:
 
     try:
         out = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State,Start"], capture_output=True,
-                             text=True, timeout=30)
+                             text=True, timeout=HetInfoWatcher.SACCT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return None
     if out.returncode != 0:
         return None
-    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 2]
-    jobs = [(state.split()[0], start) for name, state, start in rows if "." not in name and state.strip()]
+    # (name, first word of the state: "CANCELLED by 0" -> CANCELLED, start) of each row with a state
+    rows = [(name, state.split()[0], start) for name, state, start in
+            (line.split("|") for line in out.stdout.splitlines() if line.count("|") == 2) if state.strip()]
+    jobs = [(state, start) for name, state, start in rows if "." not in name]
     if not jobs or any(state != "RUNNING" for state, _ in jobs):
         return False
     began = max(start for _, start in jobs)   # ISO times sort as text
-    steps = [state.split()[0] for name, state, start in rows
-             if re.search(r"\.\d+$", name) and state.strip() and start >= began and start[:1].isdigit()]
+    steps = [state for name, state, start in rows
+             if re.search(r"\.\d+$", name) and start >= began and start[:1].isdigit()]
     return bool(steps) and not any(state in LIVE_STEP_STATES for state in steps)
 
 
