@@ -6,15 +6,8 @@ user's values (the MPI world, the sharding plan, rollout-step arithmetic) and th
 those values live in `world.py`, under their own names; they are never written back into the
 user's fields. This module holds the schema and its loading only.
 
-Definitions used throughout (also in README.md):
-- a *rollout step* is `algo.rollout_batch` samples (env transitions);
-- it is trained as `update_epochs * rollout_batch / global_batch` optimizer steps;
-- a *version* is the weights published after a rollout step; the Trainer trains rollout step k
-  with version k and then publishes version k + 1;
-- η (`mode.eta`) counts versions: a sample used in rollout step k was produced by version ≥ k - η;
-- π_prox (the proximal policy of decoupled PPO) is the weights at the start of the rollout step;
-- a *segment* is `algo.segment_steps` consecutive steps of one env group; a segment cut mid-episode
-  stores the bootstrap value V(s_T) of the observation that follows it.
+The words the docstrings use (rollout step, version, η, π_prox, segment) are defined once, in
+docs/concepts.md; docs/configuration.md is generated from this module's field docstrings.
 """
 from __future__ import annotations
 
@@ -31,7 +24,7 @@ class ConfigError(ValueError):
 class EnvConfig:
     name: str = "robosuite"
     """Env adapter: toy | emulated | robosuite | metaworld | libero (its own interpreter, env.python) |
-    robocasa (optional install)."""
+    maniskill (its own interpreter) | robocasa (optional install)."""
     task: str = "Lift"
     """Task inside the adapter (robosuite: Lift, Stack, ...; metaworld: pick-place-v3, ...; toy/emulated: ignored)."""
     suite: str = "libero_spatial"
@@ -46,7 +39,7 @@ class EnvConfig:
     hard_reset: bool = True
     """libero: rebuild the scene's model at every reset, as robosuite and the published evaluation
     scripts do (~5 s here). false resets the same model (~0.3 s): the initial state is identical,
-    the dynamics after the first episode differ by micrometres (README, LIBERO)."""
+    the dynamics after the first episode differ by micrometres (docs/results/libero.md)."""
     seed_order: str = "hashed"
     """Episode reset seeds: hashed (spread apart from the run's seed, env id and episode) |
     sequential (the run's episodes from seeds seed, seed+1, ...: env i's k-th episode is
@@ -115,8 +108,10 @@ class EnvConfig:
 class PolicyConfig:
     name: str = "tiny"
     """Policy family (rlvla3/policies): tiny (plain torch) | openvla (discrete action tokens from
-    an LM: SigLIP + Qwen2/Llama at random init, or a released OpenVLA folder) | pi0 (transformers'
-    PI0: flow-matching action expert) | emulated (sleeps for the costs below; no torch)."""
+    an LM: SigLIP + Qwen2/Llama at random init, or a released OpenVLA folder) | openvla_oft (a released
+    OpenVLA-OFT folder: its L1 regression head as a Gaussian) | pi0 (transformers' PI0: flow-matching
+    action expert) | pi05 (π0.5: LeRobot's layout, the state in the prompt) | emulated (sleeps for the
+    costs below; no torch)."""
     chunk: int = 1
     """Actions per forward (action chunking, OpenVLA-OFT/π0 style). The Simulator executes the K
     actions of a chunk, one env step each, and records one row per chunk: its reward is the sum
@@ -348,7 +343,7 @@ class ClusterConfig:
     # ---- Slurm (any name but "local"): one heterogeneous job, component 0 = Simulators on CPU
     # nodes, component 1 = Generators + Trainers on GPU nodes, one MPI world over both. Site
     # settings (partitions, account, qos, mpi, setup) are meant to be set once, e.g. in a
-    # git-ignored conf/site/local.yaml (see slurm/README.md).
+    # git-ignored conf/site/local.yaml (see docs/slurm.md).
     cpu_partition: str = ""
     """Slurm partition of the Simulator component."""
     gpu_partition: str = ""
@@ -434,7 +429,7 @@ class RuntimeConfig:
     Cadence), at most this many microseconds either side, and sleeps on its doorbell otherwise;
     0: it never does. 500 saved a little of a hop in 6 of 8 pairs (`python -m rlvla3.bench
     latency`); off by default until it is shown not to change what timing-sensitive async runs
-    learn (README, engine speed)."""
+    learn (docs/results/engine-speed.md)."""
     tensorboard: bool = True
     """Trainer rank 0 writes TensorBoard scalars under tb/ (per version, and under by_env_steps/
     against the env steps so far) and the resolved config once."""
@@ -462,7 +457,7 @@ class RuntimeConfig:
     env from its own seed (python -m rlvla3.evaluate sets it)."""
     eval_every: int = 0
     """Every N versions Trainer 0 evaluates that version's checkpoint while training goes on: a
-    process of its own (`python -m rlvla3.evaluate --of-run`) runs held-out episodes on
+    process of its own (`python -m rlvla3.evaluate --of-run <run>`) runs held-out episodes on
     evaluation envs of its own, logs success with its Wilson interval against the version, and
     keeps the best checkpoint by held-out success as ckpt/best.pt (0: never)."""
     eval_episodes: int = 16

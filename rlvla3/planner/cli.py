@@ -206,7 +206,8 @@ def validate(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=("show", "ladder", "profile", "validate"))
@@ -223,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="sync,async", help="validate: sync, async or both")
     ap.add_argument("--out", type=Path, default=None, help="validate: folder for the run folders and validate.json")
     ap.add_argument("--versions", type=int, default=None, help="validate: versions per engine run (the first is not measured)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.command == "profile":
         return measure(args)

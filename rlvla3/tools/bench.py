@@ -471,12 +471,8 @@ def median_seconds(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["fidelity"]:   # its own options (tools/libero_fidelity.py)
-        from .libero_fidelity import main as fidelity
-
-        return fidelity(argv[1:])
+def parser() -> argparse.ArgumentParser:
+    """The options of every subcommand but fidelity, which has its own (tools/libero_fidelity.py)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["throughput", "weights", "families", "memory", "sims", "faults", "fidelity", "shards",
                                      "latency", "obs"])
@@ -511,7 +507,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="folder for the run folders (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
     ap.add_argument("overrides", nargs="*", help="extra config overrides for every configuration")
-    a = ap.parse_intermixed_args(argv)  # overrides may follow options
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fidelity"]:   # its own options (tools/libero_fidelity.py)
+        from .libero_fidelity import main as fidelity
+
+        return fidelity(argv[1:])
+    a = parser().parse_intermixed_args(argv)  # overrides may follow options
     if a.what == "weights":
         return weights_bench(a)
     if a.what == "families":

@@ -124,7 +124,8 @@ def _publish(x: dict, out: Path, world, sp, cfg, rank: int) -> None:
     x["t"] = 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.collect", description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=20, help="episodes in total (spread over the env groups)")
     ap.add_argument("--out", default="", help="run folder (default runs/demos/<date>-<time>)")
@@ -133,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="lerobot: also write the whole episodes as a LeRobotDataset v3.0 in <out>/lerobot")
     ap.add_argument("--rank-main", default="", help=argparse.SUPPRESS)   # set by the launcher for each rank
     ap.add_argument("overrides", nargs="*", help="config overrides, as for python -m rlvla3.launch")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_intermixed_args(argv)
     if a.rank_main:
         rank_main(Path(a.rank_main), a.episodes)

@@ -66,7 +66,8 @@ def of_run_config(run: Path, ckpt: Path, episodes: int, seed: int):
     return config.replace(cfg, **eval_overrides(cfg, str(ckpt), episodes))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (run ckpt/ or rlvla3.sft output)")
     ap.add_argument("--episodes", type=int, default=200, help="episodes (rounded up to whole rounds of env.num_envs)")
@@ -92,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="act on the most likely action instead of sampling (generator.greedy: token argmax, as "
                          "OpenVLA is evaluated; a Gaussian's mean; a chain without injected noise)")
     ap.add_argument("overrides", nargs="*", help="config overrides: the trained run's env and policy")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_intermixed_args(argv)
     if a.greedy:
         a.overrides.append("generator.greedy=true")

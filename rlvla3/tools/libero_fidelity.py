@@ -295,7 +295,8 @@ def measure(suite: str, tasks: list[int], steps: list[int], seed: int, timeout: 
             "raw": {"original": orig["tasks"], "port": port["tasks"]}}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench fidelity", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="libero_spatial")
     ap.add_argument("--tasks", default="0,5", help="comma-separated task indices of the suite")
@@ -306,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--control", action="store_true", help="also the original stack against itself, nudged (the yardstick)")
     ap.add_argument("--nudge", type=float, default=2e-5, help="--control: radians added to every arm joint at step 0")
     ap.add_argument("--child", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.child:
         child_main(*args.child)

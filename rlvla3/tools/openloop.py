@@ -72,13 +72,19 @@ def open_loop_errors(cfg, checkpoint: str, rows: dict[str, np.ndarray], n_rows: 
             for name, obs in ablations(rows, idx, others).items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.openloop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (rlvla3.sft output or a run's ckpt/)")
     ap.add_argument("--demos", required=True, help="a collect run folder (or its shards/ folder), or a LeRobotDataset folder")
     ap.add_argument("--rows", type=int, default=384, help="demonstration rows to compare on")
     ap.add_argument("--seed", type=int, default=0, help="which rows, which swaps, the chain's start noise")
     ap.add_argument("overrides", nargs="*", help="config overrides: the checkpoint's env and policy")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_intermixed_args(argv)
     from ..cluster.compose import compose
     from .sft import load_rows

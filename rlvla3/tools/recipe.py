@@ -238,7 +238,8 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.recipe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="", help="folder for everything (default runs/recipe/<date>-<time>)")
     ap.add_argument("--demo-episodes", type=int, default=16, help="expert episodes to collect (at least)")
@@ -258,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", action="store_true",
                     help="keep the stages --out already holds (demos, sft.pt, evaluations, finished RL runs)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every stage (env, policy, ...)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_intermixed_args(argv)
     out = Path(a.out or f"runs/recipe/{time.strftime('%Y-%m-%d-%H-%M-%S')}")
     out.mkdir(parents=True, exist_ok=True)

@@ -220,7 +220,8 @@ def keep_state_record(demos: Path, out: Path) -> None:
         (out.parent / f"{out.stem}.init_states.json").write_text(record.read_text())
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.sft", description=__doc__.split("\n\n")[0])
     ap.add_argument("--demos", required=True,
                     help="a collect run folder (or its shards/ folder), or a LeRobotDataset folder (v3.0 or v2.1)")
@@ -241,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads (default: every core; SFT is one process, unlike a run's ranks)")
     ap.add_argument("--out", default="sft.pt", help="the checkpoint to write (policy.init_from of the RL run)")
     ap.add_argument("overrides", nargs="*", help="config overrides: the RL run's env and policy")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_intermixed_args(argv)
     import torch
 
