@@ -7,6 +7,9 @@ the process's notice log, `<run>/logs/<process>.log`, instead of stderr; `runtim
 lets them through. rlvla3's own warnings stay on the console. The launcher names the logs (and
 how many notices they hold) in its last line.
 
+A rank that raises records the exception's own line (`record_failure`); the launcher ends a
+failed job's console with the first one (`first_failure`), not with MPI's abort banner.
+
 `console_env` is what the local launcher adds to the ranks' environment: Open MPI gives local
 ranks a pseudo-terminal, so a rank cannot tell by itself whether the user's console is one.
 
@@ -15,6 +18,7 @@ Stdlib only: env children under another interpreter (`env.python`) import it too
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -22,6 +26,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -150,3 +156,28 @@ def _pump(src, dst) -> None:
     for line in src:
         dst.write(ANSI.sub("", line))
         dst.flush()
+
+
+def record_failure(run_dir: str | Path, rank: int, role: str, exc: BaseException) -> None:
+    """Write what `rank` raised, one line, for the launcher's last line (`first_failure`). Best
+    effort: a failure to write must never hide the exception being reported."""
+    line = traceback.format_exception_only(type(exc), exc)[-1].strip().splitlines()[0]
+    path = Path(run_dir) / "logs" / f"failure-rank{rank:04d}.json"
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"time": time.time(), "rank": rank, "role": role, "error": line}))
+        os.replace(tmp, path)
+
+
+def first_failure(run_dir: str | Path) -> str | None:
+    """The earliest exception any rank of the run recorded, as `rank 3 (simulator): <line>`; the
+    others usually follow from it (a peer that went silent, an aborted world)."""
+    records = []
+    for path in (Path(run_dir) / "logs").glob("failure-rank*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            records.append(json.loads(path.read_text()))
+    if not records:
+        return None
+    r = min(records, key=lambda r: r["time"])
+    return f"rank {r['rank']} ({r['role']}): {r['error']}"

@@ -290,15 +290,14 @@ def run_records(cfg: RunConfig) -> dict[str, dict]:
     return {}
 
 
-def check_env_python(cfg: RunConfig) -> None:
-    """env.python, if set, runs and imports the env's simulator (the launcher's check: it starts
-    that interpreter, so it is not part of `validate`, which every rank runs)."""
-    if not cfg.env.python:
-        return
-    from .envs.hosting import check_interpreter
+def check_env(cfg: RunConfig) -> None:
+    """The env's interpreter hosts it and its simulator accepts the named task, suite, robot and
+    cameras (the launcher's check: it starts that interpreter, so it is not part of `validate`,
+    which every rank runs)."""
+    from .envs.hosting import check_env as check_in_interpreter
 
     try:
-        check_interpreter(cfg)
+        check_in_interpreter(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 

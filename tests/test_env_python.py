@@ -14,7 +14,7 @@ import pytest
 from rlvla3.cluster.compose import compose, prepare_run_dir
 from rlvla3.config import ConfigError
 from rlvla3.envs.base import Obs, StepOut
-from rlvla3.envs.hosting import ProcessVecEnv, check_interpreter
+from rlvla3.envs.hosting import ProcessVecEnv, check_env
 from rlvla3.envs.wire import decode, encode, namespace
 from rlvla3.policies.prompts import instruction_encoder
 
@@ -56,7 +56,7 @@ def wait_ready(g: ProcessVecEnv, timeout: float = 60.0):
 def test_an_env_runs_under_another_interpreter_and_is_restarted_there(tmp_path):
     python = make_venv(tmp_path / "venv", system_site=True)
     cfg = compose(["+experiment=toy", f"env.python={python}"])
-    check_interpreter(cfg)
+    check_env(cfg)
     g = ProcessVecEnv(cfg, [0, 1], 0, True, instruction_encoder(cfg.policy))
     try:
         first = wait_ready((g.start_reset(7), g)[1])

@@ -35,7 +35,7 @@ class HetSlurmLauncher(BaseSubmititLauncher):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         from rlvla3 import config
-        from rlvla3.cluster import compose, slurm
+        from rlvla3.cluster import compose, results, slurm
         from rlvla3.world import derive
 
         points = []
@@ -66,13 +66,28 @@ class HetSlurmLauncher(BaseSubmititLauncher):
             log.info(f"#{sweep_cfg.hydra.job.num} {' '.join(filter_overrides(overrides))}: het job {job.job_id} -> {run_dir}")
             jobs.append(job)
 
-        returns = []
+        # Every point's progress lines while any runs; then one line per point and the table.
+        echoes = [slurm.ProgressEcho(job, prefix=f"#{sweep_cfg.hydra.job.num} ") for (_, sweep_cfg, _, _), job in zip(points, jobs)]
+
+        def echo_all():
+            for echo in echoes:
+                echo()
+
+        returns, rows = [], []
         for (overrides, sweep_cfg, cfg, run_dir), job in zip(points, jobs):
             ret = JobReturn(overrides=overrides, cfg=sweep_cfg, working_dir=str(run_dir), task_name="rlvla3")
+            error = None
             try:
-                slurm.wait(job, cfg.cluster.poll_s)
+                slurm.wait(job, cfg.cluster.poll_s, on_poll=echo_all)
                 ret.status, ret.return_value = JobStatus.COMPLETED, str(run_dir)
             except Exception as e:  # the job's own error (rank traceback) becomes the point's failure
-                ret.status, ret.return_value = JobStatus.FAILED, e
+                ret.status, ret.return_value, error = JobStatus.FAILED, e, e
+            row = results.sweep_row(sweep_cfg.hydra.job.num, filter_overrides(overrides), run_dir, error)
+            print(f"#{row['point']} {row['overrides']}: {row['status']}, {row['versions']} versions, "
+                  f"{row['env_steps_per_s']:.1f} env steps/s, final success {row['final_success']:.2f}; {run_dir}", flush=True)
+            rows.append(row)
             returns.append(ret)
+        sweep_dir = Path(str(points[0][1].hydra.sweep.dir))
+        (sweep_dir / "sweep.md").write_text(results.sweep_table(rows) + "\n")
+        print(f"sweep table: {sweep_dir / 'sweep.md'}", flush=True)
         return returns

@@ -69,10 +69,10 @@ def prepare_run_dir(cfg, run_dir: Path):
     from ..config import ConfigError
     from ..engine import shards
     from ..engine.lock import RunFolderBusy, check_free
-    from ..world import check_env_python, derive
+    from ..world import check_env, derive
 
     world = derive(cfg)
-    check_env_python(cfg)
+    check_env(cfg)
     try:
         check_free(run_dir)
     except RunFolderBusy as e:

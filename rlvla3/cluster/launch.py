@@ -10,12 +10,14 @@ submitted, with a message naming the field.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
 
 from .compose import CONF_DIR, check_previous_run, prepare_run_dir, register_schema
 from .local import cpu_warning, mpi_env, mpiexec_command
+from .results import failure_line, result_line
 
 
 def run_slurm(cfg, run_dir: Path, job_name: str = "rlvla3") -> int:
@@ -23,17 +25,22 @@ def run_slurm(cfg, run_dir: Path, job_name: str = "rlvla3") -> int:
     from ..world import gpu_ranks
     from . import slurm
 
-    cfg, _ = prepare_run_dir(cfg, run_dir)
+    with refused_config():
+        cfg, _ = prepare_run_dir(cfg, run_dir)
     job = slurm.submit(cfg, run_dir, job_name)
     print(f"submitted Slurm het job {job.job_id}: {cfg.cluster.sim_ranks} Simulator + "
           f"{gpu_ranks(cfg)} GPU ranks; logs in {run_dir / 'slurm'}", flush=True)
     t0 = time.time()
     try:
-        slurm.wait(job, cfg.cluster.poll_s)
+        slurm.wait(job, cfg.cluster.poll_s, on_poll=slurm.ProgressEcho(job))   # the Trainer's lines, as they come
     except Exception as e:  # submitit's UncompletedJobError / FailedJobError, with the rank's traceback
         print(f"Slurm job {job.job_id} FAILED after {time.time() - t0:.0f}s: {e}", file=sys.stderr, flush=True)
+        first = failure_line(run_dir)
+        if first:
+            print(first, file=sys.stderr, flush=True)
         return 1
-    print(f"Slurm job {job.job_id} finished in {time.time() - t0:.1f}s; run folder: {run_dir}", flush=True)
+    print(f"Slurm job {job.job_id} finished in {time.time() - t0:.1f}s", flush=True)
+    print(result_line(run_dir), flush=True)
     return 0
 
 
@@ -41,18 +48,15 @@ def _main(dcfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from .. import config, notices
-    from ..engine.lock import RunFolderBusy, check_free
+    from ..engine.lock import check_free
     from ..world import derive, plan_table
 
-    try:
+    with refused_config():
         cfg = config.to_config(dcfg)
         run_dir = Path(cfg.run_dir or HydraConfig.get().runtime.output_dir)
         world = derive(cfg)
         check_free(run_dir)   # another job's run folder: refused before anything starts
         check_previous_run(cfg, run_dir)   # a finished run's folder, without resume=true: likewise
-    except (config.ConfigError, RunFolderBusy) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
     print(describe(cfg, world, run_dir), flush=True)
     if cfg.cluster.name != "local":
         from . import slurm
@@ -62,7 +66,8 @@ def _main(dcfg) -> None:
             print(slurm.dry_run_text(cfg, run_dir))
             sys.exit(0)
         sys.exit(run_slurm(cfg, run_dir))
-    cfg, world = prepare_run_dir(cfg, run_dir)   # rank 0 prints the plan table
+    with refused_config():   # the env's own packages check its task and cameras here
+        cfg, world = prepare_run_dir(cfg, run_dir)   # rank 0 prints the plan table
     warn = cpu_warning(cfg, world)
     if warn:
         print(warn)
@@ -74,7 +79,23 @@ def _main(dcfg) -> None:
     if kept:
         print(kept)
     print(f"{'finished' if rc == 0 else f'FAILED (exit {rc})'} in {time.time() - t0:.1f}s; run folder: {run_dir}")
+    last = result_line(run_dir) if rc == 0 else failure_line(run_dir)
+    if last:   # a failed job: the first error a rank raised, not MPI's abort banner above it
+        print(last, flush=True)
     sys.exit(rc)
+
+
+@contextlib.contextmanager
+def refused_config():
+    """A bad value ends the launcher here, in one line naming it, before any rank starts."""
+    from ..config import ConfigError
+    from ..engine.lock import RunFolderBusy
+
+    try:
+        yield
+    except (ConfigError, RunFolderBusy) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def describe(cfg, world, run_dir: Path) -> str:

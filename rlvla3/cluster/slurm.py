@@ -393,7 +393,33 @@ def dump_stacks(job, settle_s: float = 2.0) -> None:
     time.sleep(settle_s)
 
 
-def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) -> list:
+class ProgressEcho:
+    """Echo the Trainer's progress lines (`[train] ...`, `[eval] ...`) from the job's rank logs to
+    this console as they are written, as a local run shows them: each poll reads what the logs
+    gained since the last one (whole lines only)."""
+
+    PREFIXES = ("[train]", "[eval]")
+
+    def __init__(self, job, prefix: str = ""):
+        self.folder, self.job_id, self.prefix = Path(job.paths.folder), job.job_id, prefix
+        self.read: dict[Path, int] = {}
+
+    def __call__(self) -> None:
+        for log in sorted(self.folder.glob(f"{self.job_id}_*_log.out")):
+            for line in self._new_lines(log):
+                if line.startswith(self.PREFIXES):
+                    print(self.prefix + line, flush=True)
+
+    def _new_lines(self, log: Path) -> list[str]:
+        with open(log, "rb") as f:
+            f.seek(self.read.get(log, 0))
+            data = f.read()
+        whole = data[:data.rfind(b"\n") + 1]
+        self.read[log] = self.read.get(log, 0) + len(whole)
+        return whole.decode(errors="replace").splitlines()
+
+
+def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0, on_poll=None) -> list:
     """Block until every rank has returned (their results), or raise an error naming the job and
     the failing rank. A failure is seen three ways, whichever comes first: a rank's result says it
     raised; sacct says the job ended (submitit's watcher); squeue says slurmctld no longer holds
@@ -404,7 +430,8 @@ def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) 
     queued `grace` s after sacct says its step ended without every result (srun's
     --kill-on-bad-exit killed the world after a rank died without a word, e.g. SIGKILL) is
     cancelled and raises, naming what srun and the ranks said. `timeout` (seconds, None = as
-    long as Slurm keeps the job alive) cancels the job and raises TimeoutError naming it."""
+    long as Slurm keeps the job alive) cancels the job and raises TimeoutError naming it.
+    `on_poll`, if given, is called at every poll (ProgressEcho) and once more at the end."""
     import time
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -436,7 +463,11 @@ def wait(job, poll_s: float, timeout: float | None = None, grace: float = 30.0) 
                 raise submitit.core.utils.FailedJobError(
                     f"Slurm job {job.job_id}: its step ended {grace:.0f}s ago without every rank's result, but the job "
                     f"still runs (srun missed the end); cancelled it. The ranks' logs:\n{rank_errors(job)}")
+        if on_poll is not None:
+            on_poll()
         time.sleep(min(poll_s, 2.0))
+    if on_poll is not None:
+        on_poll()
     try:
         results = job.results()
     except submitit.core.utils.UncompletedJobError as e:

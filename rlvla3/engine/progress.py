@@ -13,8 +13,9 @@ def clock(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, max_versions: int, first_version: int, tty: bool):
+    def __init__(self, max_versions: int, first_version: int, tty: bool, label: str = "train"):
         self.max_versions, self.first, self.tty = max_versions, first_version, tty
+        self.label = label   # "eval" for an evaluation run: its versions are rounds of episodes, not training
         self.t0 = time.monotonic()
         self.open_bar = False   # a bar is drawn and its line not yet ended
 
@@ -29,11 +30,11 @@ class Progress:
         eta = self.eta(version)
         left = "done" if version >= self.max_versions else f"ETA {clock(eta)}" if eta is not None else "ETA ?"
         if not self.tty:
-            print(f"[train] version {version:4d}/{self.max_versions} | {stats} | {left}", flush=True)
+            print(f"[{self.label}] version {version:4d}/{self.max_versions} | {stats} | {left}", flush=True)
             return
         fill = BAR * version // max(self.max_versions, 1)
         end = "\n" if version >= self.max_versions else ""
-        print(f"\r[train] {'#' * fill}{'.' * (BAR - fill)} {version}/{self.max_versions} | {stats} | {left}\x1b[K",
+        print(f"\r[{self.label}] {'#' * fill}{'.' * (BAR - fill)} {version}/{self.max_versions} | {stats} | {left}\x1b[K",
               end=end, flush=True)
         self.open_bar = not end
 

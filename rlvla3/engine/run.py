@@ -61,9 +61,6 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
 
     from .. import config, notices
     from .. import world as world_mod
-    from .metrics import Metrics
-    from .transport import MpiLink, Transport
-    from .wiring import Wiring
 
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack
     run = Path(run_dir)
@@ -88,6 +85,24 @@ def main(run_dir: str, resume: bool = False, preemption: Preemption | None = Non
         raise config.ConfigError(
             f"MPI world has {comm.Get_size()} ranks but the config needs {world.size} "
             f"(cluster.sim_ranks + gen_ranks + train_ranks, placement={cfg.mode.placement})")
+    try:
+        return run_roles(cfg, world, comm, run, preemption, held)
+    except BaseException as e:
+        if not isinstance(e, (SystemExit, KeyboardInterrupt)):
+            notices.record_failure(run, rank, world.role_name(rank), e)   # the launcher's last line
+        raise
+
+
+def run_roles(cfg, world, comm, run: Path, preemption: Preemption, held) -> int:
+    """This rank's roles from start-up to the end of the run."""
+    from mpi4py import MPI
+
+    from .. import world as world_mod
+    from .metrics import Metrics
+    from .transport import MpiLink, Transport
+    from .wiring import Wiring
+
+    rank = comm.Get_rank()
     rt = cfg.runtime
     bell = doorbell_of(comm, rt.wake)
     longest = rt.max_idle_wait if bell is not None and bell.reachable else rt.max_idle_sleep

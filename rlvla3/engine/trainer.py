@@ -125,7 +125,8 @@ class Trainer:
             if cfg.runtime.eval_every:
                 self.evaluator = evaluator.Evaluator(cfg, run_dir, self._note)
         self.t0 = time.time()
-        self.progress = Progress(cfg.algo.max_versions, self.version, notices.console_is_tty())
+        self.progress = Progress(cfg.algo.max_versions, self.version, notices.console_is_tty(),
+                                 "eval" if cfg.runtime.evaluate else "train")
         self._publish(cfg.runtime.startup_timeout)   # the Generators may still be building their models
 
     # ------------------------------------------------------------ setup

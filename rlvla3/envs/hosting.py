@@ -13,11 +13,13 @@ reset timeout, or dies, is killed and restarted; its episode is marked truncated
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ import numpy as np
 from .. import notices
 from . import SIM_MODULES, SOURCE_ROOT, env_dims, in_process, interpreter, make_env
 from .base import Obs, StepOut
+from .choices import CHECKS
 from .wire import WireConnection, config_tree
 
 
@@ -420,19 +423,26 @@ def start_foreign(cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -
     return ForeignProcess(popen), conn
 
 
-def check_interpreter(cfg, timeout: float = 300.0) -> None:
-    """`env.python` can host this env: it starts, imports numpy, our worker and the env's
-    simulator. Raises ValueError naming the interpreter and what failed (the launcher turns it
-    into a ConfigError before any rank starts)."""
-    module = SIM_MODULES.get(cfg.env.name)
-    code = "import numpy, rlvla3.envs.worker" + (f", {module}" if module else "")
+def check_env(cfg, timeout: float = 300.0) -> None:
+    """The env's interpreter (env.python, else this one) starts, imports numpy, our worker and the
+    env's simulator, and the simulator accepts the task, suite, robot and cameras the config names
+    (`envs/choices.py`, read from its own packages). Raises ValueError naming the bad value and
+    the valid ones (the launcher turns it into a ConfigError before any rank starts)."""
+    if cfg.env.name not in CHECKS and not cfg.env.python:
+        return
+    python = interpreter(cfg) or sys.executable
     try:
-        p = subprocess.run([interpreter(cfg), "-c", code], env=foreign_env(), capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([python, "-m", "rlvla3.envs.choices", json.dumps(config_tree(cfg)["env"])], cwd=SOURCE_ROOT,
+                           env=foreign_env() if cfg.env.python else None, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ValueError(f"env.python={cfg.env.python!r} does not run ({type(e).__name__}: {e})") from None
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ValueError(f"env.python={cfg.env.python!r} cannot host env.name={cfg.env.name!r}: `{code}` failed: {last}")
+        raise ValueError(f"env.python={cfg.env.python!r} cannot host env.name={cfg.env.name!r}: importing numpy, "
+                         f"rlvla3.envs.worker and {SIM_MODULES.get(cfg.env.name)} failed: {last}")
+    refused = json.loads(p.stdout.strip().splitlines()[-1])
+    if refused:
+        raise ValueError(f"env.name={cfg.env.name}: " + "; ".join(refused))
 
 
 def make_vec_env(cfg, env_ids: list[int], seed: int, *, auto_reset: bool, encode):

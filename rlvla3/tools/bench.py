@@ -428,7 +428,7 @@ def sims_bench(a) -> int:
     """Per task: step and reset time (p50/p99) of one env with the configured render settings, and
     the scripted expert's success over `--episodes` seeded episodes."""
     from ..envs.base import child_env_vars
-    from ..world import check_env_python
+    from ..world import check_env
 
     child_env_vars()
     rows = []
@@ -437,7 +437,7 @@ def sims_bench(a) -> int:
     chunks = [int(c) for c in a.chunks.split(",")]
     for task in sim_task_names(a.tasks):
         cfg = compose([*SIM_TASKS[task], *a.overrides])
-        check_env_python(cfg)
+        check_env(cfg)
         for chunk in [1] if steps_by_expert(cfg) else chunks:   # the expert acts one step at a time
             r = {"task": task, "cameras": len(cfg.env.cameras), "image_size": cfg.env.image_size,
                  "fast_render": cfg.env.fast_render, "chunk": chunk, **time_episodes(cfg, a.episodes, chunk)}
