@@ -111,7 +111,16 @@ def describe(cfg, world, run_dir: Path) -> str:
         f"ranks: {len(world.sim_ranks)} Simulator, {len(world.gen_ranks)} Generator, {len(world.train_ranks)} Trainer "
         f"on {cfg.cluster.name}; {a.max_versions} versions of {a.rollout_batch} rows; run folder {run_dir}",
         "success = the share of the version's finished episodes that reached the task's goal (0 to 1)",
-        *held_out(cfg)])
+        *success_hint(cfg), *held_out(cfg)])
+
+
+def success_hint(cfg) -> list[str]:
+    """What a good success value is, where the env has a measured one (toy: chance and learned)."""
+    if cfg.env.name != "toy" or cfg.runtime.evaluate:
+        return []
+    from ..envs.toy import SUCCESS_HINT
+
+    return [SUCCESS_HINT]
 
 
 def held_out(cfg) -> list[str]:

@@ -127,7 +127,8 @@ def watch_step(proc: subprocess.Popen, run_dir: Path, world_size: int, timeout: 
             return 0 if late else 124
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's options (also read by tests/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=("header", "run"))
     ap.add_argument("--sweep", type=Path, help="sweep folder (run)")
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overrides", dest="overrides_line", default="",
                     help="more Hydra overrides as one string, split as a shell would (shlex) and never evaluated")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. cluster=slurm_local +experiment=toy")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_intermixed_args(argv)
     a.overrides = [*a.overrides, *shlex.split(a.overrides_line)]
     if a.scale_div < 1 or not points(a.scale_div):

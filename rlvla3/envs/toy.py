@@ -22,6 +22,11 @@ ACTION_DIM = 2
 COLORS = {"red": (230, 40, 40), "green": (40, 200, 40), "blue": (50, 80, 240), "yellow": (230, 210, 30)}
 
 
+SUCCESS_HINT = ("on toy a uniform-random policy succeeds ~0.21 of the time; PPO's success climbs past 0.45 within "
+                "about 30 versions and ends near 0.5-0.7 (+experiment=toy: 50 versions, about 2 minutes on 2 cores)")
+"""What a good value is, printed by the launcher under the success line (measured: docs/results/manipulation.md)."""
+
+
 class ToyEnv:
     def __init__(self, cfg_env):
         self.g, self.size = cfg_env.grid, cfg_env.image_size
