@@ -8,7 +8,9 @@ group ("async eta=0"). Each evaluation folder (`python -m rlvla3.evaluate --out 
 the version of the checkpoint it evaluated, on the run that wrote it; one that evaluated the runs'
 warm start (`policy.init_from`) is the SFT band. Prints every run's numbers and each group's
 training success by quarter of the first N versions (default: the shortest run's), pooled over
-its runs: equal versions are equal episodes in every mode.
+its runs: equal versions are equal episodes in every mode. The figure is the recipe's
+(`rlvla3.tools.recipe.plot`), drawn with plain-number axes (no `1e6` offset on the env-step axis)
+and titled with the runs, their modes and the commit that drew it.
 
     python -m analysis.curves runs/r/rl-sync-seed0 runs/r/rl-async-seed0 --evals runs/r/eval-sft --out curves.png
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from analysis.figures import drawn_by, plain_ticks, run_name
 from rlvla3.engine.checkpoints import all_ckpts, ckpt_order, load_torch
 from rlvla3.engine.metrics import read_history, steady_throughput
 from rlvla3.tools.recipe import evaluation_result, plot, success_by_quarter
@@ -81,7 +84,44 @@ def attach_evaluations(runs: list[dict], evals: list[Path]) -> dict | None:
     return sft
 
 
+def compare(runs: list[dict], sft: dict | None, n: int) -> dict:
+    """The plot's numbers: the runs (cut to n versions), the SFT evaluation, each group's success
+    by quarter pooled over its seeds."""
+    groups = {r["mode"]: [x for x in runs if x["mode"] == r["mode"]] for r in runs}
+    return {"sft_eval": sft, "versions": n, "rl": runs,
+            "modes": {g: {"seeds": [r["seed"] for r in rs],
+                          "training_success_by_quarter": success_by_quarter([r["history"] for r in rs])}
+                      for g, rs in groups.items()}}
+
+
+def title_of(runs: list[dict], n: int) -> str:
+    """Which runs (their folders; a common parent once there are many), modes, versions, commit."""
+    names = [run_name(r["folder"]) for r in runs]
+    parents = {r["folder"].parent for r in runs}
+    which = ", ".join(names) if len(names) <= 4 else f"{len(names)} runs under {', '.join(sorted(p.name for p in parents))}"
+    return f"{which} · modes {', '.join(dict.fromkeys(r['mode'] for r in runs))} · first {n} versions · {drawn_by()}"
+
+
+def draw(result: dict, out: Path, title: str):
+    """The recipe's figure, saved to `out` again with plain-number axes (its env-step axes get a
+    `1e6` offset) and `title` above its own caption; returned open (the caller closes it)."""
+    import matplotlib.pyplot as plt
+
+    plot(result, out)
+    fig = plt.gcf()   # recipe.plot leaves its figure open as pyplot's current one
+    if not fig.axes:  # should it ever close it: keep the file it saved
+        return fig
+    for ax in fig.axes:
+        plain_ticks(ax.xaxis)
+    fig.suptitle(f"{title}\n{fig.get_suptitle()}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
+    import matplotlib.pyplot as plt
+
     ap = argparse.ArgumentParser(prog="python -m analysis.curves", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="RL run folders")
     ap.add_argument("--evals", nargs="*", type=Path, default=[], help="evaluation folders of the runs' checkpoints or warm start")
@@ -95,13 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--versions={n}: these runs have fewer: {', '.join(short)}")
     runs = [first_versions(r, n) for r in runs]
     sft = attach_evaluations(runs, a.evals)
-    groups = {r["mode"]: [x for x in runs if x["mode"] == r["mode"]] for r in runs}
-    result = {"sft_eval": sft, "versions": n, "rl": runs,
-              "modes": {g: {"seeds": [r["seed"] for r in rs],
-                            "training_success_by_quarter": success_by_quarter([r["history"] for r in rs])}
-                        for g, rs in groups.items()}}
+    result = compare(runs, sft, n)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    plot(result, a.out)
+    plt.close(draw(result, a.out, title_of(runs, n)))
     a.out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
     print(f"first {n} versions of each run")
     for r in runs:

@@ -33,16 +33,29 @@ def main() -> None:
         for k, v in sorted(r["spans"].items()):
             print(f"    {k:32s} {v:8.2f} s")
     if a.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plot(rows, a.plot)
 
-        for r in rows:
-            plt.plot([x["t"] for x in r["history"]], [x["rows_trained"] for x in r["history"]], label=r["run"])
-        plt.xlabel("seconds")
-        plt.ylabel("rows trained")
-        plt.legend()
-        plt.savefig(a.plot)
+
+def plot(rows: list[dict], out: Path) -> None:
+    """Rows trained vs time, one line per run."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analysis.figures import drawn_by, plain_ticks, run_name
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        ax.plot([x["t"] for x in r["history"]], [x["rows_trained"] for x in r["history"]], marker=".",
+                label=f"{run_name(Path(r['run']))}: {r['steady_steps_per_s']:.1f} env steps/s")
+    ax.set(xlabel="seconds since the Trainer started (at the end of each version)", ylabel="rows trained (count)")
+    ax.set_title(f"Rows trained · {drawn_by()}", fontsize=10)
+    plain_ticks(ax.xaxis)
+    plain_ticks(ax.yaxis, integer=True)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -457,7 +457,7 @@ class RuntimeConfig:
     env from its own seed (python -m rlvla3.evaluate sets it)."""
     eval_every: int = 0
     """Every N versions Trainer 0 evaluates that version's checkpoint while training goes on: a
-    process of its own (`python -m rlvla3.evaluate --of-run <run>`) runs held-out episodes on
+    process of its own (`python -m rlvla3.evaluate --of-run <run> --checkpoint <ckpt>`) runs held-out episodes on
     evaluation envs of its own, logs success with its Wilson interval against the version, and
     keeps the best checkpoint by held-out success as ckpt/best.pt (0: never)."""
     eval_episodes: int = 16

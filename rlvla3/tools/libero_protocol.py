@@ -151,14 +151,22 @@ def plot(result: dict, path: Path) -> None:
     rate = [tasks[t]["success_rate"] for t in names]
     lo = [r - tasks[t]["wilson95"][0] for r, t in zip(rate, names)]
     hi = [tasks[t]["wilson95"][1] - r for r, t in zip(rate, names)]
-    fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(names) + 2), 3.2))
-    ax.bar(range(len(names)), rate, yerr=[lo, hi], capsize=3, color="tab:blue")
+    s = result["suite"]
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names) + 2), 3.8))
+    ax.axhspan(*s["wilson95"], color="0.85", label=f"suite 95% Wilson [{s['wilson95'][0]:.3f}, {s['wilson95'][1]:.3f}]")
+    ax.axhline(s["success_rate"], color="0.4", ls="--", lw=1, label=f"suite {s['successes']}/{s['episodes']}")
+    ax.bar(range(len(names)), rate, yerr=[lo, hi], capsize=3, color="tab:blue", label="task (95% Wilson)")
     ax.set_xticks(range(len(names)), [str(t) for t in names])
     ax.set_ylim(0, 1)
-    ax.set_xlabel(f"{result['suite_name']} task")
-    ax.set_ylabel("success (95% Wilson)")
-    s = result["suite"]
-    ax.set_title(f"{result['suite_name']}: {s['successes']}/{s['episodes']} = {s['success_rate']:.1%}", fontsize=9)
+    ax.set_xlabel(f"{result['suite_name']} task id ({tasks[names[0]]['episodes']} episodes each)")
+    ax.set_ylabel("success rate")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the bars, never over one
+    ckpt = Path(result["checkpoint"])
+    repeats = f" x{result['repeats']}" if result.get("repeats", 1) > 1 else ""
+    limit = "" if result["standard_step_limit"] else " (NOT the suite limit)"
+    ax.set_title(f"LIBERO {result['suite_name']}: {s['successes']}/{s['episodes']} = {s['success_rate']:.1%}\n"
+                 f"{ckpt.parent.parent.name}/{ckpt.name} · {result['states']} states/task{repeats} · step limit "
+                 f"{result['max_steps']}{limit} · {'greedy' if result.get('greedy') else 'sampled'} actions", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
