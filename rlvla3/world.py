@@ -502,7 +502,7 @@ def validate_slurm(cfg: RunConfig) -> None:
     for name in ("cpu_partition", "gpu_partition"):
         v = getattr(c, name)
         _require(SLURM_NAME.fullmatch(v) is not None, f"cluster.{name}", v,
-                 "set the Slurm partition name (letters, digits, _ . + -), e.g. in conf/local/site.yaml")
+                 "set the Slurm partition name (letters, digits, _ . + -), e.g. in conf/site/local.yaml")
     for name in ("account", "qos"):
         v = getattr(c, name)
         _require(v == "" or SLURM_NAME.fullmatch(v) is not None, f"cluster.{name}", v,

@@ -2,7 +2,7 @@
 
 Loop (each pass does only what is ready; see `step`):
   1. apply new weights between batches (version, and credits: the last rollout step it may serve);
-  2. receive ObsRequests; an ACT request for a rollout step beyond the credits waits (this is
+  2. receive OBS requests; an ACT request for a rollout step beyond the credits waits (this is
      what bounds staleness: a sample for step k is produced by a version >= k - eta);
   3. the batcher closes a batch at B_max samples or T_max after the batch's first request;
   4. forward the policy; reply the action chunk, the policy's sample (token ids or denoising

@@ -46,7 +46,7 @@ def tag_family(tag: int) -> int:
 
 
 class Kind(IntEnum):
-    """What an ObsRequest asks for."""
+    """What an OBS request asks for (its header's kind)."""
 
     ACT = 0        # an action for this obs (a training sample; needs a credit)
     BOOTSTRAP = 1  # only V(obs) to close a segment; served without credits

@@ -5,8 +5,8 @@ Imports numpy, mpi4py and zarr only — never torch (Simulator ranks sit on CPU 
 Each group runs its own loop, advanced without blocking so that several groups on one rank
 overlap simulation with inference:
 
-    obs ready -> ObsRequest(ACT) -> wait ActionReply -> step envs (maybe in child processes)
-      -> record transition -> after `segment_steps` steps: ObsRequest(BOOTSTRAP) for V(s_T)
+    obs ready -> OBS request (ACT) -> wait for its ACTION reply -> step envs (maybe in child processes)
+      -> record transition -> after `segment_steps` steps: an OBS request (BOOTSTRAP) for V(s_T)
       -> write the segment as a shard (atomic) -> ShardReady to every Trainer -> next segment.
 
 Segment `seq` of a group belongs to rollout step `seq // segments_per_step`; the Generator

@@ -34,7 +34,7 @@ def has_expert(goal: list) -> bool:
 
 class LiberoPickPlace(PickPlace):
     """Pick the goal's object and put it in or on the goal's target (an object or a region's site).
-    Success rates per task are measured by `python -m rlvla3.collect` (README, LIBERO)."""
+    Success rates per task are measured by `python -m rlvla3.collect` (docs/results/libero.md)."""
 
     lift = 0.12
 

@@ -2,7 +2,7 @@
 
 RoboCasa's code is on PyPI (praxis-robocasa, rlinf-robocasa365, rpent-robocasa365) but its
 kitchen assets are not: those packages carry a 3.5 MB stub of the asset folder, and the fixtures,
-textures and objects come only as archives from utexas.box.com (README, Envs). It also pins its
+textures and objects come only as archives from utexas.box.com (docs/envs.md). It also pins its
 own mujoco and numpy. It therefore lives behind a lazy import: nothing here imports it until an env is made,
 and a missing install fails at once with what to do (`require_robocasa`). Importing robocasa
 registers its tasks in robosuite, so `robosuite.make("<Task>", robots="PandaOmron", ...)` builds

@@ -3,7 +3,8 @@ Trainer half is `engine/learners.py: EmulatedLearner`). numpy only: emulated ran
 torch nor a simulator.
 
 With `env=emulated` too, the real engine (MPI, batching, credits, shards, plans, versions,
-checkpoints) runs with the costs of a planner profile (`python -m rlvla3.plan emulate`), many ranks
+checkpoints) runs with the costs of a planner profile (`python -m rlvla3.plan validate`: `planner/overrides.py:
+emulation_overrides` turns a profile into these fields), many ranks
 on few cores. This is how the planner's models are checked against the engine.
 
 Costs (the planner's Profile, rlvla3/planner/profile.py):

@@ -145,7 +145,7 @@ def pi05_words(text: str) -> list[str]:
     becomes the word mark and its digits (and any other characters) one by one, as PaliGemma's
     tokenizer (split_digits) writes it. A whole bin as one word would be 256 words of which a few
     demonstrations train a handful: a state a few millimetres outside them would read as untrained
-    embeddings (README, LIBERO); ten digits are all trained by any state."""
+    embeddings (docs/results/libero.md); ten digits are all trained by any state."""
     words = []
     for w in text.split():
         words += [WORD_MARK, *re.findall(r"\d|\D+", w)] if any(c.isdigit() for c in w) else [w]

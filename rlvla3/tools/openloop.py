@@ -10,7 +10,7 @@ dimension, three ways:
 An input the policy reads raises its error when it is another row's; one it ignores leaves the
 error unchanged. A small open-loop error says nothing of the closed loop: a random-initialised
 π0.5 cloned LIBERO's demonstrations as closely as the tiny VLA, from the state in its prompt
-alone, and failed 49 of 50 episodes (README, LIBERO).
+alone, and failed 49 of 50 episodes (docs/results/libero.md).
 
     python -m rlvla3.openloop --checkpoint runs/recipe/sft.pt --demos runs/recipe/demos +experiment=libero_object_grpo policy=pi05
 """

@@ -199,7 +199,7 @@ def train(cfg, rows: dict[str, np.ndarray], steps: int, batch: int, lr: float, s
 def drop_state(t: dict, idx, share: float, gen):
     """The batch's proprio and prompts with a random `share` of its rows blind to the state: proprio
     0 and the prompt without it (`tokens_blind`). A policy whose prompt holds the state (π0.5) can
-    fit the demonstrations from the state alone and learn nothing from its images (README, LIBERO):
+    fit the demonstrations from the state alone and learn nothing from its images (docs/results/libero.md):
     rows without it must be acted on from the images."""
     import torch
 
