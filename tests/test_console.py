@@ -1,11 +1,13 @@
-"""The console of a run (issue 22): third-party notices go to the process's notice log, not the
+"""The console of a run: third-party notices go to the process's notice log, not the
 console (unless runtime.verbose); no ANSI codes when the console is not a terminal; progress
-lines with an ETA, or a bar redrawn in place on a terminal."""
+lines with an ETA, or a bar redrawn in place on a terminal; a run's last line says how it went."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from rlvla3 import notices
 from rlvla3.engine.progress import Progress
@@ -81,3 +83,34 @@ def test_progress_lines_say_the_eta_and_a_terminal_gets_one_bar(capsys):
     out = capsys.readouterr().out
     assert out.startswith("\r[train] ##################...... 3/4 | stats | ETA") and out.endswith("\n")
     assert out.count("\n") == 1
+
+
+def test_an_evaluations_progress_says_eval(capsys):
+    Progress(max_versions=2, first_version=0, tty=False, label="eval").show(1, "stats")
+    assert capsys.readouterr().out.startswith("[eval] version    1/2 | stats")
+
+
+def launch(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlvla3.launch", *overrides], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.mark.slow
+def test_a_failed_job_ends_with_the_first_error_a_rank_raised(tmp_path):
+    # policy.device=cuda on a machine without CUDA: the Generator and Trainer ranks raise at start-up,
+    # after mpiexec started every rank; MPI's abort banner must not be the last word.
+    out = launch("+experiment=toy", "policy.device=cuda", f"run_dir={tmp_path / 'r'}", "runtime.tensorboard=false")
+    assert out.returncode != 0
+    stdout_last = out.stdout.strip().splitlines()[-1]
+    assert stdout_last.startswith("first error: rank "), out.stdout[-2000:]
+    assert "(generator)" in stdout_last or "(trainer)" in stdout_last, stdout_last
+    assert "policy.device=cuda but this rank sees no CUDA device" in stdout_last, stdout_last
+
+
+@pytest.mark.slow
+def test_a_finished_run_ends_with_its_result(tmp_path):
+    out = launch("+experiment=toy", "algo.max_versions=2", f"run_dir={tmp_path / 'r'}", "runtime.tensorboard=false")
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].startswith("result: 2 versions, ") and "env steps/s, final success 0." in lines[-1], lines[-3:]
+    assert any("a uniform-random policy succeeds ~0.21" in ln for ln in lines[:6]), lines[:6]   # what good looks like

@@ -1,6 +1,8 @@
 """Envs behind one interface; child env processes are killed and restarted, never hang the run."""
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -359,3 +361,21 @@ def test_a_chunk_draws_only_its_last_frame_and_it_is_the_frame_every_step_would(
         assert np.abs(lazy.images.astype(int) - start.images.astype(int)).mean() > 0.1   # the arm moved in view
     finally:
         vec.close()
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("overrides,named,valid", [
+    (["env=metaworld_pickplace", "env.task=nosuch-v3"], "env.task='nosuch-v3'", "pick-place-v3"),
+    (["env.cameras=[nosuchcam]"], "no camera ['nosuchcam']", "robot0_eye_in_hand"),
+    (["env.robot=Pandas"], "env.robot='Pandas'", "'Panda'"),
+    (["env=robosuite_lift", "env.task=Liftt"], "env.task='Liftt'", "'Lift'"),
+])
+def test_an_unknown_task_camera_or_robot_is_refused_in_one_line_before_any_rank_starts(tmp_path, overrides, named, valid):
+    # The env's own packages say what they accept (envs/choices.py); nothing is written or started.
+    run = tmp_path / "r"
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", *overrides, f"run_dir={run}"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    errors = out.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("config error: ") and named in errors[0] and valid in errors[0], errors
+    assert not run.exists() and "mpiexec" not in out.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,6 +66,12 @@ def test_hydra_sweep_runs_one_het_job_per_point(tmp_path):
         assert len(list((run / "slurm").glob("*_result.pkl"))) == 6  # every rank's result collected
     job_ids = {f.name.split("_")[0] for p in ("0", "1") for f in (sweep / p / "slurm").glob("*_submitted.pkl")}
     assert len(job_ids) == 2 and all(j.isdigit() for j in job_ids)  # two plain jobs, not an array
+    # The Trainers' lines while the jobs ran, one result line per point, and the sweep's table.
+    assert "#0 [train] version    3/3" in proc.stdout and "#1 [train] version    3/3" in proc.stdout, proc.stdout[-3000:]
+    for point, mode in (("0", "sync"), ("1", "async")):
+        assert re.search(rf"^#{point} .* mode={mode}: ok, 3 versions, ", proc.stdout, re.M), proc.stdout[-3000:]
+    table = (sweep / "sweep.md").read_text().splitlines()
+    assert len(table) == 4 and table[0].startswith("| point | overrides | status | versions") and "| ok | 3 |" in table[2]
 
 
 def wait_for(pred, timeout: float, what: str, poll: float = 0.5):
@@ -112,13 +119,15 @@ def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
     check_every_shard_consumed_once(run, versions, cfg.algo.rollout_batch)
 
 
-def test_a_rank_that_raises_fails_the_submission(tmp_path):
+def test_a_rank_that_raises_fails_the_submission(tmp_path, capsys):
     # policy.device=cuda on GPU ranks that see no CUDA: they raise at start-up.
     cfg = compose([*TOY_SLURM, "algo.max_versions=3", "policy.device=cuda"])
     t0 = time.monotonic()
     rc = run_slurm(cfg, tmp_path / "run")
     print(f"a raising rank: submission reported failure after {time.monotonic() - t0:.1f}s (submit to report)")
     assert rc == 1 and time.monotonic() - t0 < 120
+    last = capsys.readouterr().err.strip().splitlines()[-1]   # the rank's own exception, not the MPI banner
+    assert last.startswith("first error: rank ") and "this rank sees no CUDA device" in last, last
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run" / "slurm").glob("*_log.err"))
     assert "policy.device=cuda but this rank sees no CUDA device" in logs
 
