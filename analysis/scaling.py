@@ -45,29 +45,36 @@ def gpus_of(cfg: dict) -> int:
 
 
 def rank_hosts(run: Path) -> dict[int, str]:
-    """rank -> the host it ran on, from each rank's metrics meta record (the last one: a resumed
-    rank writes one per attempt)."""
+    """rank -> the machine it ran on, from each rank's metrics meta record (the last one: a resumed
+    rank writes one per attempt): the kernel's boot id where recorded, since the local test
+    cluster's virtual nodes are one machine; else the host name."""
+    return {rank: meta.get("machine") or meta.get("host", "?") for rank, meta in rank_metas(run).items()}
+
+
+def rank_metas(run: Path) -> dict[int, dict]:
     out = {}
     for f in sorted((run / "metrics").glob("rank*.jsonl")):
         for line in f.read_text().splitlines():
             if '"k":"meta"' in line:  # metrics.py writes compact JSON; skip decoding the spans
-                out[int(f.stem[4:])] = json.loads(line).get("host", "?")
+                out[int(f.stem[4:])] = json.loads(line)
     return out
 
 
-def host_cores(sweep: Path, hosts: set[str]) -> dict[str, int]:
-    """Cores of the hosts that ran the sweep's ranks, where measured. Neither the config nor Slurm
-    knows them: the local test cluster's virtual nodes declare 16 cores each and share the 2 of one
-    machine. So the cores are counted where the ranks ran: this host, when it ran ranks
-    (slurm/scale_test.sh draws inside the allocation, on its first node), is added to the sweep's
-    hosts.json, which later redraws on other machines read."""
+def host_cores(sweep: Path, hosts: set[str], runs: list[Path] = ()) -> dict[str, int]:
+    """Cores of the machines that ran the sweep's ranks, where measured: each rank records its
+    machine's cpus; sweeps from before that record are counted where the ranks ran (this host,
+    when it ran ranks: slurm/scale_test.sh draws inside the allocation), kept in hosts.json for
+    later redraws. Neither the config nor Slurm knows them: the local test cluster's virtual
+    nodes declare 16 cores each and share the 2 of one machine."""
+    measured = {meta.get("machine") or meta.get("host"): meta["cpus"] for run in runs
+                for meta in rank_metas(run).values() if meta.get("cpus")}
     f = sweep / HOSTS_FILE
     known = json.loads(f.read_text()) if f.is_file() else {}
     me = socket.gethostname()
     if me in hosts and me not in known:
         known[me] = os.cpu_count() or 0
         f.write_text(json.dumps(known, indent=1) + "\n")
-    return {h: int(c) for h, c in known.items() if c}
+    return {**{h: int(c) for h, c in known.items() if c}, **measured}
 
 
 def env_processes(world) -> dict[int, int]:
@@ -187,7 +194,7 @@ def add_ratios(rows: list[dict]) -> None:
 def collect(sweep: Path, profile=None) -> list[dict]:
     runs = finished_runs(sweep)
     hosts = {run: rank_hosts(run) for run in runs}
-    cores = host_cores(sweep, {h for hs in hosts.values() for h in hs.values()})
+    cores = host_cores(sweep, {h for hs in hosts.values() for h in hs.values()}, runs)
     rows = []
     for run in runs:
         raw = yaml.safe_load((run / "config.yaml").read_text())

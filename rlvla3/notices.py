@@ -79,6 +79,22 @@ def keep_out_of_console(run_dir: str | Path, process: str, verbose: bool) -> Pat
     return path
 
 
+def prints_to_log(run_dir: str | Path, process: str, verbose: bool) -> Path | None:
+    """From now on, whatever this process prints on its standard output, at the Python or the C
+    level, goes to its notice log (an env child: LIBERO's "[info] Applying task order index ...",
+    once per process). Only for processes whose own output is never meant for the user (env
+    children answer over a pipe); their stderr, with any traceback, stays on the console."""
+    if verbose or not run_dir:
+        return None
+    path = notice_log(run_dir, process)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.close(fd)
+    return path
+
+
 def console_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """What the ranks need to know of the launcher's console: whether it is a terminal (the
     progress bar), and, when it is not, NO_COLOR (https://no-color.org: robosuite's termcolor and

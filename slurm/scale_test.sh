@@ -36,4 +36,7 @@ PY="${RLVLA3_PYTHON:-python}"
 SWEEP="${RLVLA3_SWEEP:-runs/scale/${SLURM_JOB_ID:-manual}}"
 echo "scaling sweep -> $SWEEP (scale-div $RLVLA3_SCALE_DIV; overrides: $RLVLA3_SCALE_OVERRIDES)"
 "$PY" -m rlvla3.scale run --sweep "$SWEEP" --scale-div "$RLVLA3_SCALE_DIV" --overrides "$RLVLA3_SCALE_OVERRIDES"
-"$PY" -m analysis.scaling "$SWEEP"
+# The plot: measured points, ideal scaling, and the planner's prediction of every point from a
+# profile fitted to the smallest sync point (the planner's model, checked against the engine).
+SMALLEST_SYNC=$(ls -d "$SWEEP"/g*-sync 2>/dev/null | head -1)
+"$PY" -m analysis.scaling "$SWEEP" ${SMALLEST_SYNC:+--profile "$SMALLEST_SYNC"}

@@ -1,7 +1,9 @@
 """Per-rank spans and scalars, written as JSON lines under <run>/metrics/rank<NNNN>.jsonl.
 
 Records (one JSON object per line):
-  {"k": "meta",   "rank", "role", "host", "clock_offset"}       clock_offset: add to local time
+  {"k": "meta",   "rank", "role", "host", "machine", "cpus", "clock_offset"}   clock_offset: add to local time;
+                  machine: the kernel's boot id (hosts that are one machine, as the local test
+                  cluster's virtual nodes, share it and its cpus)
   {"k": "span",   "n": name, "t": start (wall, rank-0 clock), "d": seconds, ...extra}
   {"k": "scalar", "n": name, "v": value, "t": time, ...extra}
   {"k": "summary", "cpu_s", "cpu_children_s", "wall_s", "spans": {name: [count, seconds]},
@@ -26,6 +28,14 @@ HEAVY_MODULES = ("torch", "robosuite", "mujoco")
 """Recorded per rank at exit: Simulator ranks never import torch, emulated ranks import none."""
 
 
+
+def machine_id() -> str:
+    """The running kernel's boot id: one per machine, whatever host name a Slurm node gives it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
 class Metrics:
     def __init__(self, run_dir: str | Path, rank: int, role: str, clock_offset: float = 0.0):
         self.dir = Path(run_dir) / "metrics"
@@ -41,8 +51,8 @@ class Metrics:
         self._cpu0 = time.process_time()
         self._run0 = (self._cpu0, self._t_start)   # moved by `started`
         self._next_flush = time.monotonic() + 1.0
-        self._write({"k": "meta", "rank": rank, "role": role, "host": socket.gethostname(), "pid": os.getpid(),
-                     "clock_offset": clock_offset, "t": self.now()})
+        self._write({"k": "meta", "rank": rank, "role": role, "host": socket.gethostname(), "machine": machine_id(),
+                     "cpus": os.cpu_count(), "pid": os.getpid(), "clock_offset": clock_offset, "t": self.now()})
 
     def now(self) -> float:
         return time.time() + self.offset

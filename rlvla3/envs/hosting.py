@@ -227,6 +227,7 @@ def _worker(conn, cfg, env_id: int, seed: int, auto_reset: bool, episode: int) -
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     notices.keep_out_of_console(cfg.run_dir, f"env{env_id:04d}", cfg.runtime.verbose)   # before the simulator's import
+    notices.prints_to_log(cfg.run_dir, f"env{env_id:04d}", cfg.runtime.verbose)
     ep = Episode(cfg, env_id, seed, auto_reset)
     ep.episode = episode
     while True:
