@@ -359,7 +359,7 @@ class Trainer:
             self.sinks.log(rec, k + 1)
         if self.cfg.runtime.progress:
             self.progress.show(k + 1, f"rows {self.rows_trained:7d} | {rec['steps_per_s']:7.1f} steps/s | success "
-                               f"{rec['success']:.2f} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f}"
+                               f"{success_text(rec['success'], eps)} ({eps} eps) | pi {rec['loss_policy']:+.4f} v {rec['loss_value']:.4f}"
                                f" | staleness<= {rec['staleness_max']} | {rec['t']:.1f}s")
 
     def _note(self, line: str) -> None:
@@ -478,3 +478,8 @@ class Trainer:
                    "param_digest": self.learner.digest(), "evaluations": self.evaluations,
                    "best": self.evaluator.best if self.evaluator is not None else None}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def success_text(success: float, episodes: int) -> str:
+    """A version's success for its progress line: no finished episode has no rate (not "nan")."""
+    return f"{success:.2f}" if episodes else "  - "

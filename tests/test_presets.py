@@ -1,0 +1,51 @@
+"""Every preset a user can pick (`conf/experiment/*.yaml`) runs: one version at tiny size, over
+real MPI, with its env (robosuite, Meta-World, LIBERO in its own interpreter) and its policy
+family. Composing and validating alone (tests/test_config.py) misses what only a run meets: a
+family that cannot act on the preset's cameras, a segment the algorithm cannot train.
+
+Tiny size keeps each preset's env, family, algorithm, cameras, chunk and prompt, and shrinks what
+only costs time: image size, envs, batch and segment sizes (a GRPO episode fits in two chunks)."""
+from __future__ import annotations
+
+import pytest
+
+from rlvla3.cluster.compose import CONF_DIR, compose
+from rlvla3.cluster.local import run_local
+from tests.conftest import EMULATED_FAST, needs_mpi, summary
+
+pytestmark = [needs_mpi, pytest.mark.slow]
+
+PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+TINY = ["algo.max_versions=1", "runtime.tensorboard=false", "runtime.progress=false", "env.num_envs=2",
+        "sharding.groups_per_rank=1", "algo.segment_steps=2", "algo.rollout_batch=4", "algo.global_batch=4",
+        "algo.micro_batch=4", "algo.update_epochs=1", "policy.device=cpu"]
+
+
+def tiny_overrides(name: str, tmp_path) -> list[str]:
+    cfg = compose([f"+experiment={name}"])
+    if cfg.env.name == "emulated":
+        return [*EMULATED_FAST[1:], "algo.max_versions=1"]   # EMULATED_FAST names the experiment itself
+    over = [*TINY]
+    if cfg.env.name != "toy":
+        over += ["env.image_size=32"]
+    if cfg.env.name == "libero":
+        over += ["env.hard_reset=false"]   # the same episode, 11x cheaper a reset (tests/test_libero.py)
+    if cfg.algo.name in ("grpo", "raft"):   # whole episodes a segment: two chunks long
+        over += [f"env.horizon={2 * cfg.policy.chunk}"]
+    if cfg.policy.name == "openvla_oft":    # no random-init form: a tiny folder in the released layout
+        from rlvla3.tools.bench import tiny_released_folder
+
+        folder = tiny_released_folder(compose([f"+experiment={name}", *over]), oft=True, folder=str(tmp_path / "oft"))
+        over += [f"policy.pretrained={folder}"]
+    return over
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_runs_a_version_at_tiny_size(name, tmp_path):
+    cfg = compose([f"+experiment={name}", *tiny_overrides(name, tmp_path)])
+    run = tmp_path / "run"
+    proc = run_local(cfg, run, timeout=600, capture=True)
+    assert proc.returncode == 0, f"+experiment={name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    s = summary(run)
+    assert s["versions"] == 1 and s["rows_trained"] >= cfg.algo.rollout_batch, s
