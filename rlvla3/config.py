@@ -375,7 +375,7 @@ class ClusterConfig:
     poll_s: float = 10.0
     """Longest pause between sacct polls while waiting for a job (bounds failure detection)."""
     dry_run: bool = False
-    """Print the sbatch text that would be submitted, and submit nothing."""
+    """Print what would run, and start nothing: the sbatch text of a Slurm job, or the local mpiexec command."""
 
 
 # The choices of runtime's string fields, named once: world.validate checks them, the engine

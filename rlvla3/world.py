@@ -290,6 +290,15 @@ def run_records(cfg: RunConfig) -> dict[str, dict]:
     return {}
 
 
+def success_hint(cfg: RunConfig) -> list[str]:
+    """What a good success value is, where the env has a measured one (toy: chance and learned)."""
+    if cfg.env.name != "toy" or cfg.runtime.evaluate:
+        return []
+    from .envs.toy import SUCCESS_HINT
+
+    return [SUCCESS_HINT]
+
+
 def check_env(cfg: RunConfig) -> None:
     """The env's interpreter hosts it and its simulator accepts the named task, suite, robot and
     cameras (the launcher's check: it starts that interpreter, so it is not part of `validate`,

@@ -204,14 +204,3 @@ def test_a_message_off_the_edge_list_is_refused():
     gen = Wiring.of(world, world.gen_ranks[0])
     with pytest.raises(WiringError, match="ACTION"):
         gen.check_send(world.train_ranks[0], Tag.ACTION + 3, np.zeros(8, np.uint8))
-
-
-def test_the_package_has_no_import_circle_and_keeps_its_wing_rules():
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parent.parent
-    out = subprocess.run([sys.executable, str(root / "scripts" / "import_graph.py")], capture_output=True, text=True,
-                         timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "import circles: 0" in out.stdout and "imports against the wing rules: 0" in out.stdout

@@ -66,6 +66,10 @@ def _main(dcfg) -> None:
             print(slurm.dry_run_text(cfg, run_dir))
             sys.exit(0)
         sys.exit(run_slurm(cfg, run_dir))
+    if cfg.cluster.dry_run:   # nothing written, nothing started: what would run
+        print(f"# dry run (cluster.dry_run=true): the command for {run_dir}\n")
+        print(" ".join(mpiexec_command(cfg, world.size, run_dir)))
+        sys.exit(0)
     with refused_config():   # the env's own packages check its task and cameras here
         cfg, world = prepare_run_dir(cfg, run_dir)   # rank 0 prints the plan table
     warn = cpu_warning(cfg, world)
@@ -100,6 +104,8 @@ def refused_config():
 
 def describe(cfg, world, run_dir: Path) -> str:
     """The run in a few lines, first on the console: what it trains, how, on which ranks, where."""
+    from ..world import success_hint
+
     e, p, a, m = cfg.env, cfg.policy, cfg.algo, cfg.mode
     task = {"libero": f" {e.suite} tasks {e.task_ids}", "toy": "", "emulated": ""}.get(e.name, f" {e.task}")
     weights = f"from {p.pretrained}" + (f", LoRA rank {p.lora_rank}" if p.lora_rank else ", full fine-tuning") \
@@ -112,15 +118,6 @@ def describe(cfg, world, run_dir: Path) -> str:
         f"on {cfg.cluster.name}; {a.max_versions} versions of {a.rollout_batch} rows; run folder {run_dir}",
         "success = the share of the version's finished episodes that reached the task's goal (0 to 1)",
         *success_hint(cfg), *held_out(cfg)])
-
-
-def success_hint(cfg) -> list[str]:
-    """What a good success value is, where the env has a measured one (toy: chance and learned)."""
-    if cfg.env.name != "toy" or cfg.runtime.evaluate:
-        return []
-    from ..envs.toy import SUCCESS_HINT
-
-    return [SUCCESS_HINT]
 
 
 def held_out(cfg) -> list[str]:

@@ -14,8 +14,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .doorbell import earliest
+
+if TYPE_CHECKING:
+    from .roles import Role
 
 
 class Preemption:
@@ -160,7 +164,7 @@ def build_roles(cfg, world, transport, metrics, run: Path, rank: int, preemption
     return roles
 
 
-def drive(roles: list, transport, preemption: Preemption | None = None, stall_report: float = 10.0) -> None:
+def drive(roles: list[Role], transport, preemption: Preemption | None = None, stall_report: float = 10.0) -> None:
     """Step every role hosted by this rank until all are done; back off when idle (never past a
     role's `deadline()`). A rank that has made no progress for `stall_report` seconds prints what
     it is waiting for (once)."""
@@ -180,7 +184,7 @@ def drive(roles: list, transport, preemption: Preemption | None = None, stall_re
                 reported = True
 
 
-def step_roles(roles: list, transport, preemption: Preemption | None = None) -> bool:
+def step_roles(roles: list[Role], transport, preemption: Preemption | None = None) -> bool:
     """One pass: every role does what it can without blocking; True if any did work."""
     work = False
     for r in roles:
