@@ -1,11 +1,23 @@
-"""`hydra/launcher=rlvla3_slurm` (selected by conf/cluster/slurm_*.yaml).
+"""`hydra/launcher=rlvla3_slurm` (selected by conf/cluster/slurm_*.yaml): a `-m` sweep as one Slurm
+heterogeneous job per point.
 
-hydra-submitit-launcher submits a sweep as one job array whose elements run the task function
-on every task. Neither fits an MPI het job: Slurm het jobs cannot be arrays, and each rank must
-run its role, not Hydra's task function. This launcher keeps hydra-submitit-launcher's plumbing
-(sweep configs, folders) and replaces its `launch`: every sweep point is validated first (one bad
-point submits nothing), then submitted as its own het job through rlvla3.cluster.slurm, then all are
-awaited. The run folder of point i is `<sweep dir>/<hydra.sweep.subdir>` as usual.
+What runs from hydra-submitit-launcher: `BaseSubmititLauncher.__init__` (the launcher's
+parameters) and `setup` (Hydra's context, config and task function), which this class inherits;
+and from Hydra, each point's sweep config (`load_sweep_config`), its folder
+(`hydra.sweep.dir`/`hydra.sweep.subdir`) and its `JobReturn`. The library's `launch` cannot serve
+and is replaced, for three reasons in its own code:
+- it submits the sweep with `executor.map_array`, one Slurm job array; a heterogeneous job (a CPU
+  component for the Simulators, a GPU component for Generators and Trainers) cannot be an array
+  element;
+- every array element runs `__call__`, i.e. Hydra's task function in one process, while every rank
+  of an rlvla3 job must start as `python -m rlvla3.cluster.slurm` inside one MPI world (srun
+  --het-group=0,1 --mpi=pmix);
+- its resources are one queue's (`BaseQueueConf`: one partition, one gres, one task count), while
+  a het job's two components have their own, from `cluster.*` and the site settings.
+So `launch` here validates every point first (one bad point submits nothing), submits each as its
+own het job through rlvla3.cluster.slurm (submitit's `SlurmExecutor`, extended for het blocks),
+echoes the Trainers' progress lines while they run, and ends with one line per point and the
+sweep's table (`<sweep dir>/sweep.md`).
 """
 
 import logging
