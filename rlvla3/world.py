@@ -20,6 +20,7 @@ from .envs import env_dims, in_process, interpreter
 from .policies import SampleLayout, sample_layout
 from .policies.prompts import hashed_pi05_min_length, instruction_encoder
 from .policies.prompts import is_released_openvla as released_openvla
+from .policies.registry import FAMILIES
 
 ROLES = ("simulator", "generator", "trainer")
 
@@ -335,8 +336,7 @@ def validate(cfg: RunConfig) -> None:
     """Check every field a run depends on; the first bad one raises ConfigError."""
     e, p, a, m, c, s = cfg.env, cfg.policy, cfg.algo, cfg.mode, cfg.cluster, cfg.sharding
     _validate_env(e)
-    _require(p.name in ("tiny", "openvla", "openvla_oft", "pi0", "pi05", "emulated"), "policy.name", p.name,
-             "use tiny, openvla, openvla_oft, pi0, pi05 or emulated")
+    _require(p.name in FAMILIES, "policy.name", p.name, f"use one of {', '.join(FAMILIES)}")
     _require(p.name != "openvla_oft" or bool(p.pretrained), "policy.pretrained", p.pretrained,
              "policy=openvla_oft loads a released OpenVLA-OFT folder (its L1 action head has no random-init form); "
              "for OFT-style decoding from scratch use policy=openvla policy.decoding=parallel")

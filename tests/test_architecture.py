@@ -44,3 +44,31 @@ def test_the_main_loop_calls_exactly_the_role_interface():
     called = {name for name in ("step", "done", "deadline", "wake_fds", "expecting", "describe", "close", "stop")
               if f"r.{name}" in source}
     assert called == declared, (called, declared)
+
+
+def test_the_family_registry_is_what_every_reader_sees():
+    # One table of families (policies/registry.py): its readers agree with it, and each family has
+    # its preset, its benchmark run and its docs section.
+    from rlvla3.policies.registry import FAMILIES, PUBLISHED
+    from rlvla3.policies.sampling import CHAIN_FAMILIES, GAUSSIAN_FAMILIES
+    from rlvla3.tools.bench import FAMILY_RUNS
+    from rlvla3.tools.bench_memory import PUBLISHED_RUNS
+
+    assert set(PUBLISHED_RUNS) == set(PUBLISHED) == {"openvla", "openvla_oft", "pi0", "pi05"}
+    assert set(CHAIN_FAMILIES) == {"pi0", "pi05"} and set(GAUSSIAN_FAMILIES) == {"openvla_oft"}
+    benched = {o.split("=")[1] for runs in FAMILY_RUNS.values() for o in runs if o.startswith("policy=")}
+    assert benched == {n for n, f in FAMILIES.items() if f.torch}
+    docs = (ROOT / "docs" / "policies.md").read_text()
+    for name in FAMILIES:
+        assert (ROOT / "conf" / "policy" / f"{name}.yaml").is_file(), name
+        assert f"## `{name}`" in docs, f"docs/policies.md has no section for {name}"
+    from rlvla3 import config
+
+    reference = (ROOT / "docs" / "configuration.md").read_text()   # generated from the schema's docstrings
+    described = next(line for line in reference.splitlines() if '<a id="policy.name">' in line)
+    for name in FAMILIES:
+        assert f"{name} (" in described or f"| {name}" in described, f"policy.name's description omits {name}: {described}"
+    with pytest.raises(config.ConfigError, match="policy.name='nosuch'.*tiny, openvla"):
+        from rlvla3.world import derive
+
+        derive(compose(["policy.name=nosuch"]))

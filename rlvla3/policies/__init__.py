@@ -53,29 +53,24 @@ def checkpointed_layers(policy) -> list:
 
 
 def family(cfg, spec, published: bool = False):
-    """The family's model as built or loaded."""
+    """The family's model as built or loaded: the class `registry.FAMILIES` names for random init,
+    or for a released folder (`policy.pretrained`) and the published size."""
+    import importlib
+
+    from .registry import FAMILIES, PUBLISHED
+
     name = cfg.policy.name
-    if published and name not in ("openvla", "openvla_oft", "pi0", "pi05"):
-        raise ValueError(f"policy.name={name!r} has no published configuration (openvla, openvla_oft, pi0 and pi05 do)")
-    if name == "tiny":
-        from .tiny import TinyVLA
-        return TinyVLA(cfg.policy, spec)
-    if name == "openvla" and (cfg.policy.pretrained or published):
-        from .openvla_released import ReleasedOpenVLA
-        return ReleasedOpenVLA(cfg.policy, spec, published)
-    if name == "openvla":
-        from .openvla import OpenVLA
-        return OpenVLA(cfg.policy, spec)
-    if name == "openvla_oft":
-        from .openvla_oft import ReleasedOFT
-        return ReleasedOFT(cfg.policy, spec, published)
-    if name == "pi0":
-        from .pi0 import Pi0Flow
-        return Pi0Flow(cfg.policy, spec, published)
-    if name == "pi05":
-        from .pi05 import Pi05Flow
-        return Pi05Flow(cfg.policy, spec, published)
-    raise ValueError(f"policy.name={name!r} has no torch model; use tiny, openvla, openvla_oft, pi0 or pi05")
+    if published and name not in PUBLISHED:
+        raise ValueError(f"policy.name={name!r} has no published configuration ({', '.join(PUBLISHED)} do)")
+    f = FAMILIES.get(name)
+    released = bool(cfg.policy.pretrained or published)
+    where = f and (f.released if released and f.released else f.model)
+    if not where or not f.torch:
+        raise ValueError(f"policy.name={name!r} has no torch model; use one of "
+                         f"{', '.join(n for n, g in FAMILIES.items() if g.torch)}")
+    module, cls = where.split(":")
+    build = getattr(importlib.import_module(f".{module}", __name__), cls)
+    return build(cfg.policy, spec, published) if f.released and released else build(cfg.policy, spec)
 
 
 def make_actor(cfg, spec):

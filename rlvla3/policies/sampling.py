@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .registry import family_names
+
 # Families whose action is a flow-matching denoising chain, families that draw one Gaussian
-# action chunk around a regressed mean; every other family samples tokens.
-CHAIN_FAMILIES = ("pi0", "pi05")
-GAUSSIAN_FAMILIES = ("openvla_oft",)
+# action chunk around a regressed mean; every other family samples tokens (registry.FAMILIES).
+CHAIN_FAMILIES = family_names(lambda f: f.samples == "chain")
+GAUSSIAN_FAMILIES = family_names(lambda f: f.samples == "gaussian")
 
 
 @dataclass(frozen=True)

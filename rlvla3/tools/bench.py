@@ -218,10 +218,10 @@ def broadcast_check(rows: list[dict], bucket_mb: float) -> str:
     return "\n".join(lines)
 
 
-# Policy families as a user selects them (conf/policy/*.yaml), on the env of the overrides.
+# The benchmark's runs of each family (registry.FAMILIES) as a user selects them (conf/policy/*.yaml), on the env of the overrides.
 RELEASED = "policy.pretrained={released}"
 RELEASED_OFT = "policy.pretrained={released_oft}"
-FAMILIES = {
+FAMILY_RUNS = {
     "tiny": ["policy=tiny"],
     "tiny_chunk4": ["policy=tiny", "policy.chunk=4"],
     "openvla_parallel": ["policy=openvla"],
@@ -284,7 +284,7 @@ def families_bench(a) -> int:
     if published:
         from .bench_memory import PUBLISHED_RUNS as runs
     else:
-        runs = FAMILIES
+        runs = FAMILY_RUNS
     names = chosen_families(a.families, runs)
     rows = []
     folders = {"released": RELEASED, "released_oft": RELEASED_OFT}
@@ -483,7 +483,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--episodes", type=int, default=10, help="sims: episodes per task")
     ap.add_argument("--chunks", default="1", help="sims: action chunk lengths of the random-action rows (a row each)")
     ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
-    ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILIES)} (default: all); "
+    ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILY_RUNS)} (default: all); "
                                                    "memory: of openvla,openvla_oft,pi0,pi05")
     ap.add_argument("--copies", type=int, default=1, help="memory: frozen copies of the trainable weights (π_prox, a KL reference)")
     ap.add_argument("--repeats", type=int, default=5, help="families, shards, obs: timed repeats per measurement (median)")

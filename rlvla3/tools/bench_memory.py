@@ -11,9 +11,10 @@ The "preset" column is the footprint at the preset's own micro-batch.
 from __future__ import annotations
 
 from ..cluster.compose import compose
+from ..policies.registry import PUBLISHED
 
 GPUS = {"80GB": 80e9, "141GB": 141e9}
-PUBLISHED_RUNS = {name: [f"+experiment=libero_{name}"] for name in ("openvla", "openvla_oft", "pi0", "pi05")}
+PUBLISHED_RUNS = {name: [f"+experiment=libero_{name}"] for name in PUBLISHED}   # each family's LIBERO preset
 CONFIGS = {   # label -> overrides
     "full": ["policy.lora_rank=0", "policy.grad_checkpointing=false"],
     "full+ckpt": ["policy.lora_rank=0", "policy.grad_checkpointing=true"],
