@@ -14,7 +14,8 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -170,3 +171,123 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: 
         approx_kl = (m * per_sample(torch.expm1(log_ratio) - log_ratio)).sum()
     return LossTerms(total, l_pi.detach(), l_v.detach(), h.detach(), clip_frac, (m * w).sum(), approx_kl,
                      (m * w * w).sum())
+
+
+# ---------------------------------------------------------------- the algorithms, each in one place
+#
+# Each algorithm is its advantages of one shard (segment), a few flags the engine asks instead of
+# its name, and the config rules it adds to the shared batch arithmetic (checks.py raises them).
+
+
+class SegmentError(ValueError):
+    """A shard the algorithm cannot train (a GRPO group from several initial states)."""
+
+
+def gae_segment(a: dict, attrs: dict, name: str, algo) -> tuple[np.ndarray, np.ndarray, dict]:
+    """PPO: GAE advantages and returns from the critic's values."""
+    adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], algo.gamma,
+                   algo.gae_lambda)
+    return adv, ret, {}
+
+
+def vtrace_segment(a: dict, attrs: dict, name: str, algo) -> tuple[np.ndarray, np.ndarray, dict]:
+    """V-trace: targets depend on the version that trains the rows (π_prox), so they are computed
+    then; the shard keeps what they need."""
+    zeros = np.zeros_like(a["values"])
+    return zeros, zeros, {k: a[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap")}
+
+
+def episode_outcomes(a: dict) -> np.ndarray:
+    """Each env's episode outcome [N] in an episodic shard: 1 if it succeeded on a valid row, else 0."""
+    return (a["success"] & a["valid"]).any(0).astype(np.float32)
+
+
+def grpo_segment(a: dict, attrs: dict, name: str, algo=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """GRPO advantages [T, N] of one shard: its N episodes started from one state (checked by the
+    digests of their first observations); each episode's outcome, 1 if it succeeded else 0 (the
+    env's own success flag; dense shaping rewards are ignored: normalised within a group they
+    would turn tiny return differences of failed episodes into full-size advantages), is
+    normalised within the group and given to every decision of the episode, divided by the
+    episode's length (relative to the group's mean). No critic."""
+    digests = attrs.get("reset_digests") or []
+    if len(set(digests)) != 1:
+        raise SegmentError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
+                           f"(first-observation digests {digests} of envs {attrs.get('env_ids')}): the env's reset "
+                           f"is not a function of its seed, or the shard was not written in episodic mode")
+    outcome = episode_outcomes(a)
+    # GRPO's 1/|o_i|: each episode weighs the same whatever its length. Summed over rows instead,
+    # failures (which run to the horizon) outweigh the shorter successes of their group, so the
+    # net update pushes sampled actions down and entropy up (seen on Lift). Scaled by the mean
+    # length, a row keeps weight 1 on average and a group's advantages sum to 0 over its rows.
+    rows = a["valid"].sum(0).astype(np.float64)
+    per_row = grpo_advantages(outcome) * rows.mean() / np.maximum(rows, 1)
+    adv = np.broadcast_to(per_row, a["rewards"].shape) * a["valid"]
+    return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32), {}
+
+
+def raft_segment(a: dict, attrs: dict | None = None, name: str = "", algo=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """RAFT++ advantages [T, N] of one shard: 1 for every decision of an episode that succeeded
+    (the env's own success flag), 0 for failed episodes and padding. Under the clipped ratio this
+    is behaviour cloning of the policy's own successes: the failures' samples are not pushed down
+    (GRPO's negative advantages spread the probability a 256-bin token loses over all the other
+    bins). No groups: each env resets from its own seed. No critic."""
+    adv = np.broadcast_to(episode_outcomes(a), a["rewards"].shape) * a["valid"]
+    return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32), {}
+
+
+Broken = tuple[str, Any, str]   # (field, value, how to fix it)
+
+
+def whole_episodes(cfg) -> Broken | None:
+    a = cfg.algo
+    if a.segment_steps * cfg.policy.chunk < cfg.env.horizon:
+        return ("algo.segment_steps", a.segment_steps, f"{a.name} uses whole episodes: a segment must hold one "
+                f"(algo.segment_steps * policy.chunk >= env.horizon={cfg.env.horizon})")
+    return None
+
+
+def no_critic(cfg) -> Broken | None:
+    a = cfg.algo
+    if a.vf_coef != 0:
+        return ("algo.vf_coef", a.vf_coef, f"{a.name} has no critic: set algo.vf_coef=0 (conf/algo/{a.name}.yaml does)")
+    return None
+
+
+def sequence_ratio(cfg) -> Broken | None:
+    if cfg.algo.ratio == "token":
+        return ("algo.ratio", "token", "algo.name=vtrace weighs whole samples in its targets: use algo.ratio=sequence, "
+                "or ppo/grpo")
+    return None
+
+
+def groups_of_two(plan: list[list[int]]) -> Broken | None:
+    if min(map(min, plan)) < 2:
+        return ("sharding.plan", plan, "grpo compares the episodes of one env group (same initial state): every group "
+                "needs >= 2 envs")
+    return None
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    segment: Callable[..., tuple[np.ndarray, np.ndarray, dict]]
+    """(shard arrays, attrs, shard name, cfg.algo) -> advantages, returns, what targets need later."""
+    episodic: bool = False
+    """Whole episodes a segment, each env reset at a segment's start (outcome algorithms)."""
+    shared_reset: bool = False
+    """A group's envs reset from one seed: a group is one initial state."""
+    targets_per_version: bool = False
+    """Advantages from π_prox of the version that trains the rows (V-trace), not at load."""
+    rules: tuple[Callable[[Any], Broken | None], ...] = field(default=())
+    """Config rules beyond the shared batch arithmetic (checks.algo)."""
+    group_rules: tuple[Callable[[list[list[int]]], Broken | None], ...] = field(default=())
+    """Rules on the sharding plan's groups (checks.sharding)."""
+
+
+ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("ppo", gae_segment),
+    Algorithm("grpo", grpo_segment, episodic=True, shared_reset=True, rules=(whole_episodes, no_critic),
+              group_rules=(groups_of_two,)),
+    Algorithm("raft", raft_segment, episodic=True, rules=(whole_episodes, no_critic)),
+    Algorithm("vtrace", vtrace_segment, targets_per_version=True, rules=(sequence_ratio,)),
+)}

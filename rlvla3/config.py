@@ -12,12 +12,19 @@ docs/concepts.md; docs/configuration.md is generated from this module's field do
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the field and how to fix it."""
+
+
+def require(ok: bool, name: str, value, fix: str) -> None:
+    """Raise ConfigError naming the field, its value and how to fix it, unless ok."""
+    if not ok:
+        raise ConfigError(f"{name}={value!r}: {fix}")
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,21 @@ class EnvConfig:
     """emulated: proprio size."""
     action_dim: int = 7
     """emulated: action size."""
+
+    def check(self) -> None:
+        """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
+        require(self.num_envs >= 1, "env.num_envs", self.num_envs, "must be >= 1")
+        require(self.seed_order in ("hashed", "sequential"), "env.seed_order", self.seed_order, "use hashed or sequential")
+        require(self.arm_controller in ("OSC_POSE", "OSC_POSITION"), "env.arm_controller", self.arm_controller,
+                "use OSC_POSE or OSC_POSITION")
+        require(self.horizon >= 1, "env.horizon", self.horizon, "must be >= 1")
+        require(self.max_failed_starts >= 0, "env.max_failed_starts", self.max_failed_starts, "must be >= 0")
+        require(len(self.cameras) >= 1, "env.cameras", self.cameras, "name at least one camera")
+        for name in ("step_timeout", "reset_timeout", "start_timeout"):
+            require(getattr(self, name) > 0, f"env.{name}", getattr(self, name), "timeouts must be > 0")
+        require(0.0 <= self.success_rate <= 1.0, "env.success_rate", self.success_rate, "must be in [0, 1]")
+        require(self.init_states in ("sampled", "fixed"), "env.init_states", self.init_states, "use sampled or fixed")
+        require(self.settle_steps >= 0, "env.settle_steps", self.settle_steps, "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -209,6 +231,38 @@ class PolicyConfig:
     emulated_params: int = 100_000
     """emulated: float32 values really sent to every Generator per version."""
 
+    def check(self) -> None:
+        """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
+        require(self.patch >= 1, "policy.patch", self.patch, "must be >= 1 (pixels per image patch)")
+        require(self.chunk >= 1, "policy.chunk", self.chunk, "must be >= 1 (actions per forward)")
+        require(self.decoding in ("parallel", "autoregressive"), "policy.decoding", self.decoding, "use parallel or autoregressive")
+        require(self.lm in ("qwen2", "llama"), "policy.lm", self.lm, "use qwen2 or llama")
+        require(self.denoise_steps >= 1, "policy.denoise_steps", self.denoise_steps, "must be >= 1")
+        require(self.lm_backend in ("transformers", "megatron"), "policy.lm_backend", self.lm_backend,
+                "use transformers or megatron")
+        require(self.tensor_parallel >= 1, "policy.tensor_parallel", self.tensor_parallel, "must be >= 1")
+        require(self.lora_rank >= 0, "policy.lora_rank", self.lora_rank, "must be >= 0 (0: full fine-tuning)")
+        require(self.lora_alpha > 0, "policy.lora_alpha", self.lora_alpha, "must be > 0")
+        require(self.lora_base_dtype in ("float32", "bfloat16"), "policy.lora_base_dtype", self.lora_base_dtype,
+                "use bfloat16 or float32")
+        require(0.1 <= self.image_crop <= 1.0, "policy.image_crop", self.image_crop,
+                "keep a fraction in [0.1, 1] of the frame's area")
+        require(0.01 <= self.flow_noise_std <= 1.0, "policy.flow_noise_std", self.flow_noise_std, "use a std in [0.01, 1]")
+        require(0.0 <= self.flow_start_std <= 1.0, "policy.flow_start_std", self.flow_start_std,
+                "use a std in [0, 1] (1: the flow's own start, 0: every chain starts at the origin)")
+        for name in ("infer_fixed_ms", "infer_per_sample_ms", "weight_sync_ms"):
+            require(getattr(self, name) >= 0, f"policy.{name}", getattr(self, name), "must be >= 0")
+        require(self.train_samples_per_s > 0, "policy.train_samples_per_s", self.train_samples_per_s, "must be > 0")
+        require(self.emulated_params >= 1, "policy.emulated_params", self.emulated_params, "must be >= 1")
+        require(self.heads >= 1, "policy.heads", self.heads, "must be >= 1")
+        require(self.d_model % self.heads == 0, "policy.d_model", self.d_model, f"must be divisible by policy.heads={self.heads}")
+        require(self.vocab >= 3, "policy.vocab", self.vocab, "must be >= 3 (ids 0 and 1 are padding and end of text)")
+        require(self.instruction_len >= 1, "policy.instruction_len", self.instruction_len, "must be >= 1")
+        require(2 <= self.action_bins <= 65536, "policy.action_bins", self.action_bins, "use 2..65536 bins")
+        require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device) is not None, "policy.device", self.device,
+                "use auto, cpu, cuda or cuda:N")
+        require(self.torch_threads >= 1, "policy.torch_threads", self.torch_threads, "must be >= 1")
+
 
 @dataclass(frozen=True)
 class AlgoConfig:
@@ -271,6 +325,21 @@ class AlgoConfig:
     max_versions: int = 4
     """Stop after this many versions (rollout steps trained)."""
 
+    def check(self) -> None:
+        """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
+        require(self.kl_coef >= 0, "algo.kl_coef", self.kl_coef, "must be >= 0")
+        require(self.lr > 0, "algo.lr", self.lr, "must be > 0")
+        require(self.clip > 0, "algo.clip", self.clip, "must be > 0")
+        require(self.ratio in ("sequence", "token"), "algo.ratio", self.ratio, "use sequence or token")
+        require(self.vtrace_rho_clip > 0 and self.vtrace_c_clip > 0, "algo.vtrace_rho_clip", self.vtrace_rho_clip,
+                "V-trace clips must be > 0")
+        require(self.segment_steps >= 1, "algo.segment_steps", self.segment_steps, "must be >= 1")
+        require(self.update_epochs >= 1, "algo.update_epochs", self.update_epochs, "must be >= 1")
+        require(self.max_versions >= 1, "algo.max_versions", self.max_versions, "must be >= 1")
+        require(self.lr_warmup_steps >= 0, "algo.lr_warmup_steps", self.lr_warmup_steps, "must be >= 0 (0: no warm-up)")
+        require(0 < self.gamma <= 1 and 0 <= self.gae_lambda <= 1, "algo.gamma", self.gamma, "gamma in (0,1], gae_lambda in [0,1]")
+        require(self.behaviour_clip >= 1, "algo.behaviour_clip", self.behaviour_clip, "must be >= 1")
+
 
 @dataclass(frozen=True)
 class ModeConfig:
@@ -287,6 +356,14 @@ class ModeConfig:
     placement: str = "disaggregated"
     """disaggregated: Generators and Trainers are separate ranks; colocated: each Generator rank
     also hosts a Trainer and alternates between them."""
+
+    def check(self) -> None:
+        """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
+        require(self.eta >= 0, "mode.eta", self.eta, "must be >= 0")
+        require(self.overlap or not self.streaming, "mode.streaming", self.streaming,
+                "streaming needs mode.overlap=true (micro-batches are trained as their shards arrive)")
+        require(self.placement in ("disaggregated", "colocated"), "mode.placement", self.placement,
+                "use disaggregated or colocated")
 
 
 @dataclass(frozen=True)
@@ -312,6 +389,16 @@ class GeneratorConfig:
     denoising chain without injected noise: policies/sampling.py greedy_noise), as the field
     evaluates OpenVLA. Evaluation only (python -m rlvla3.evaluate --greedy): RL learns from
     sampled actions and their log-probabilities."""
+
+    def check(self) -> None:
+        """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
+        require(self.b_max >= 1, "generator.b_max", self.b_max, "must be >= 1")
+        require(self.t_max_ms >= 0, "generator.t_max_ms", self.t_max_ms, "must be >= 0")
+        require(self.weights_dtype in ("float32", "bfloat16"), "generator.weights_dtype", self.weights_dtype,
+                "use float32 or bfloat16")
+        require(self.weights_fanout >= 0, "generator.weights_fanout", self.weights_fanout,
+                "must be >= 0 (0: Trainer 0 sends to every Generator; k: a k-ary relay tree)")
+        require(self.weights_bucket_mb > 0, "generator.weights_bucket_mb", self.weights_bucket_mb, "must be > 0")
 
 
 @dataclass(frozen=True)
@@ -377,8 +464,13 @@ class ClusterConfig:
     dry_run: bool = False
     """Print what would run, and start nothing: the sbatch text of a Slurm job, or the local mpiexec command."""
 
+    def check(self) -> None:
+        """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
+        for name in ("sim_ranks", "gen_ranks", "train_ranks"):
+            require(getattr(self, name) >= 1, f"cluster.{name}", getattr(self, name), "must be >= 1")
 
-# The choices of runtime's string fields, named once: world.validate checks them, the engine
+
+# The choices of runtime's string fields, named once: RuntimeConfig.check checks them, the engine
 # dispatches on them.
 SHARD_CODECS = ("zstd", "none")
 WAKES = ("doorbell", "sleep")
@@ -475,6 +567,25 @@ class RuntimeConfig:
     """runtime.eval_every: seconds one evaluation may take before it is stopped (a failure)."""
     max_wall: float = 86400.0
     """Seconds the launcher waits for the whole job before killing it."""
+
+    def check(self) -> None:
+        """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
+        for name in ("heartbeat_interval", "startup_timeout", "shutdown_timeout", "max_wall"):
+            require(getattr(self, name) > 0, f"runtime.{name}", getattr(self, name), "must be > 0 (seconds)")
+        require(self.wandb_mode in ("online", "offline"), "runtime.wandb_mode", self.wandb_mode, "use online or offline")
+        require(self.ckpt_every >= 1, "runtime.ckpt_every", self.ckpt_every, "must be >= 1 (checkpoint every N versions)")
+        for name, choices in (("shard_codec", SHARD_CODECS), ("wake", WAKES), ("obs_compression", OBS_COMPRESSIONS)):
+            require(getattr(self, name) in choices, f"runtime.{name}", getattr(self, name), f"use one of {', '.join(choices)}")
+        require(self.max_idle_wait > 0, "runtime.max_idle_wait", self.max_idle_wait, "use a positive number of seconds")
+        require(self.spin_us >= 0, "runtime.spin_us", self.spin_us, "use 0 (wait at once) or more microseconds")
+        require(self.expect_spin_us >= 0, "runtime.expect_spin_us", self.expect_spin_us, "use 0 (never) or more microseconds")
+        require(self.liveness_timeout > 2 * self.heartbeat_interval, "runtime.liveness_timeout", self.liveness_timeout,
+                "must exceed 2 * runtime.heartbeat_interval")
+        require(self.eval_every >= 0, "runtime.eval_every", self.eval_every, "must be >= 0 (0: no evaluation while training)")
+        for name in ("eval_episodes", "eval_envs"):
+            require(getattr(self, name) >= 1, f"runtime.{name}", getattr(self, name), "must be >= 1")
+        require(self.eval_videos >= 0, "runtime.eval_videos", self.eval_videos, "must be >= 0 (0: no videos)")
+        require(self.eval_timeout > 0, "runtime.eval_timeout", self.eval_timeout, "must be > 0 (seconds)")
 
 
 @dataclass(frozen=True)

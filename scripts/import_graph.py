@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rlvla3"
 
 # A wing may import only the wings listed for it (and itself). The bottom rooms come first.
-WINGS = ("config", "notices", "algo", "envs", "policies", "world", "engine", "cluster", "planner", "tools",
+WINGS = ("config", "notices", "algo", "envs", "policies", "checks", "world", "engine", "cluster", "planner", "tools",
          "entry points")
 MAY_IMPORT = {
     "config": set(),
@@ -25,7 +25,8 @@ MAY_IMPORT = {
     "algo": set(),
     "envs": {"config", "notices"},
     "policies": {"config"},
-    "world": {"config", "envs", "policies"},
+    "checks": {"config", "algo", "envs", "policies"},   # every check before a rank starts
+    "world": {"config", "algo", "envs", "policies", "checks"},
     "engine": {"config", "notices", "algo", "envs", "policies", "world"},
     "cluster": {"config", "notices", "world", "engine"},
     "planner": {"config", "world", "engine", "cluster"},

@@ -251,8 +251,7 @@ def test_weighted_loss_ignores_padding_rows():
 def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
     """GRPO's 1/|o_i|: a short success and long failures of one group move the policy by equal
     and opposite amounts (summed over rows, the failures' horizon-long episodes outweighed it)."""
-    from rlvla3.algo import grpo_advantages
-    from rlvla3.engine.torch_learner import grpo_segment
+    from rlvla3.algo import grpo_advantages, grpo_segment
 
     T, N = 10, 4
     valid = np.zeros((T, N), bool)
@@ -262,7 +261,7 @@ def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
     success = np.zeros((T, N), bool)
     success[2, 0] = True                                  # env 0 succeeds at its 3rd decision
     a = {"success": success, "valid": valid, "rewards": np.zeros((T, N), np.float32)}
-    adv, _ = grpo_segment(a, {"reset_digests": [7] * N}, "shard")
+    adv, _, _ = grpo_segment(a, {"reset_digests": [7] * N}, "shard")
     per_episode = adv.sum(0)
     np.testing.assert_allclose(per_episode, grpo_advantages(success.any(0).astype(np.float32)) * np.mean(lengths),
                                rtol=1e-5)
@@ -272,7 +271,7 @@ def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
 def test_raft_segment_reinforces_every_decision_of_a_success_and_nothing_else():
     """RAFT++: advantage 1 on each valid row of an episode that succeeded, 0 on failed episodes'
     rows and on padding after an episode ended (whatever the episode's length)."""
-    from rlvla3.engine.torch_learner import raft_segment
+    from rlvla3.algo import raft_segment
 
     T, N = 10, 4
     valid = np.zeros((T, N), bool)
@@ -281,7 +280,7 @@ def test_raft_segment_reinforces_every_decision_of_a_success_and_nothing_else():
     success = np.zeros((T, N), bool)
     success[2, 0] = success[6, 3] = True            # envs 0 and 3 succeed at their last decision
     a = {"success": success, "valid": valid, "rewards": np.zeros((T, N), np.float32)}
-    adv, ret = raft_segment(a)
+    adv, ret, _ = raft_segment(a)
     np.testing.assert_array_equal(adv, valid * np.array([1, 0, 0, 1], np.float32))
     assert adv.dtype == np.float32 and not ret.any()
     success[2, 0] = False

@@ -275,7 +275,7 @@ def test_a_stopped_launcher_leaves_no_process_of_the_job_behind(tmp_path, monkey
 
 
 def test_a_generator_slow_to_start_is_not_declared_silent(tmp_path, monkeypatch):
-    """Start-up skew (issue 20, D2a): a Generator that takes longer than runtime.liveness_timeout
+    """Start-up skew: a Generator that takes longer than runtime.liveness_timeout
     to build its model (here 12 s against 5 s, by a sitecustomize in the ranks) must not be
     blamed by the peers that are ready first. It holds the GIL all that time, so its heartbeat
     thread is silent too, as when a large extension module loads on a crowded node (a CI run's

@@ -74,7 +74,7 @@ def test_toy_is_learned(learning_runs, mode):
 
 def test_toy_is_learned_by_grpo(learning_runs):
     """With one distractor (the instruction decides the goal) GRPO's sparse outcome did not lift
-    success within 60 versions here; without it, it learns clearly (see the issue notes)."""
+    success within 60 versions here; without it, it learns clearly (docs/results/manipulation.md)."""
     chance = random_policy_success(compose(RUNS["grpo"]))
     proc, run = learning_runs["grpo"].result()
     assert_ok(proc)

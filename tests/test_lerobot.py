@@ -1,4 +1,4 @@
-"""LeRobotDataset in (issue 22): a dataset written here to the published v3.0 layout (and v2.1's),
+"""LeRobotDataset in: a dataset written here to the published v3.0 layout (and v2.1's),
 by this test's own layout writer on pyarrow (mp4 through the project's PyAV encoder), not by
 anything of the reader's, is read onto the toy env's spec and trained from with
 `python -m rlvla3.sft`."""

@@ -26,7 +26,7 @@ def versions_done(run_dir: Path) -> int:
     return json.loads((run_dir / "summary.json").read_text())["versions"]
 
 
-def test_d3_resume_after_a_quarantined_shard_continues_past_it(tmp_path):
+def test_resume_after_a_quarantined_shard_continues_past_it(tmp_path):
     """Counting a group's shards gave a seq that already existed once one was quarantined:
     the next write failed with 'Directory not empty' on every resume."""
     run(tmp_path, 2)
@@ -36,7 +36,7 @@ def test_d3_resume_after_a_quarantined_shard_continues_past_it(tmp_path):
     assert versions_done(tmp_path) == 4
 
 
-def test_d3_d5_keep_shards_false_never_deletes_uncommitted_rows_nor_rolls_out_old_steps(tmp_path):
+def test_keep_shards_false_never_deletes_uncommitted_rows_nor_rolls_out_old_steps(tmp_path):
     """keep_shards=false deleted every trained version's shards, checkpointed or not; a resume then
     restarted each group near seq 0 and rolled the whole history out again."""
     from rlvla3.engine.trainer import Trainer
@@ -65,7 +65,7 @@ def test_d3_d5_keep_shards_false_never_deletes_uncommitted_rows_nor_rolls_out_ol
     assert versions_done(tmp_path) == 5 and seen and min(seen) == 3
 
 
-def test_d9_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+def test_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
     run(tmp_path, 3)
     newest = tmp_path / "ckpt" / "v000003.pt"
     newest.write_bytes(newest.read_bytes()[:100])
@@ -76,7 +76,7 @@ def test_d9_a_truncated_newest_checkpoint_falls_back_to_the_one_before(tmp_path,
     check_every_shard_consumed_once(tmp_path, 4, 64)
 
 
-def test_d9_a_rescanned_shard_with_broken_attributes_is_quarantined(tmp_path):
+def test_a_rescanned_shard_with_broken_attributes_is_quarantined(tmp_path):
     """A torn zarr.json among the shards a resume re-announces raised JSONDecodeError in the
     Trainer's start-up on every resume."""
     run(tmp_path, 2)
@@ -88,7 +88,7 @@ def test_d9_a_rescanned_shard_with_broken_attributes_is_quarantined(tmp_path):
     assert any(p.name.startswith(victim) for p in (tmp_path / "shards" / ".bad").iterdir())
 
 
-def test_d7_rows_of_weights_a_rollback_lost_are_not_taken_as_on_policy(tmp_path):
+def test_rows_of_weights_a_rollback_lost_are_not_taken_as_on_policy(tmp_path):
     """Resume from v2 after v3 was published (ckpt_every=2) but never committed: the rescanned
     step-3 rows were produced by that lost version 3, and the resumed run's own version 3 took
     them as fresh (log pi_prox := their behaviour log-prob). check_logprobs shows it: the
@@ -113,7 +113,7 @@ def test_d7_rows_of_weights_a_rollback_lost_are_not_taken_as_on_policy(tmp_path)
     assert diffs and max(diffs.values()) < 1e-3, diffs
 
 
-def test_d6_mid_version_resume_keeps_its_cursor_when_a_shard_before_it_is_gone(tmp_path):
+def test_mid_version_resume_keeps_its_cursor_when_a_shard_before_it_is_gone(tmp_path):
     """A mid-version checkpoint's cursor is a position in the step's shard order; a shard before
     it that is gone on resume (quarantined) shifted every position: the next shard was never
     trained and the rollout step never completed."""
@@ -141,7 +141,7 @@ def test_d6_mid_version_resume_keeps_its_cursor_when_a_shard_before_it_is_gone(t
     assert state["rows_trained"] == 4 * 64
 
 
-def test_d4_sync_resume_with_groups_a_segment_apart_finishes(tmp_path):
+def test_sync_resume_with_groups_a_segment_apart_finishes(tmp_path):
     """mode=sync, killed between two shard renames of one rollout round: on resume group 0 is one
     segment ahead of group 1, across a rollout-step boundary. The Generator's lockstep round
     waited for every group, but group 0's request (next step) is held for credits the Trainer

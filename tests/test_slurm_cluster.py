@@ -90,7 +90,7 @@ def squeue_state(job_id: str) -> str:
 
 
 def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
-    """With its envs in child processes, as every rendering env runs (issue 20, D1): Slurm's USR2
+    """With its envs in child processes, as every rendering env runs: Slurm's USR2
     reaches every process of the step, and it killed the env children (default action), the
     Simulator then crashed on a dead pipe before the Trainer's checkpoint, and the job FAILED."""
     versions = 6   # 3 before the signal, 3 after the requeue

@@ -81,7 +81,7 @@ def component_directives(cfg: config.RunConfig) -> list[str]:
 
 
 def sbatch_text(cfg: config.RunConfig, folder: Path, command: str, job_name: str) -> str:
-    """The whole batch file. Every value that reaches it is validated (world.validate_slurm,
+    """The whole batch file. Every value that reaches it is validated (checks.slurm,
     SAFE_PATH here); `command` is built by the caller from shell-quoted parts."""
     c = cfg.cluster
     # #SBATCH lines are not parsed by a shell: a folder needing quotes is refused, not quoted.

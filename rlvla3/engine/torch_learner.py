@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algo import decoupled_ppo_loss, gae, grpo_advantages, lr_at, vtrace
+from ..algo import ALGORITHMS, SegmentError, decoupled_ppo_loss, lr_at, vtrace
 from ..policies import make_policy
 from ..policies.base import flat_params, pick_device
 from ..policies.lora import trainable
@@ -58,65 +58,22 @@ def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
     """Read a shard and compute its advantages and returns (vtrace: later, per version;
     evaluation: none, the rows are only counted)."""
     a, attrs = shards.read_shard(path)
-    segment = {}
     if evaluate:   # an evaluation run of a grpo config resets from per-env seeds: no groups to check
         adv = ret = np.zeros_like(a["values"])
-    elif algo.name == "grpo":
-        adv, ret = grpo_segment(a, attrs, path.name)
-    elif algo.name == "raft":
-        adv, ret = raft_segment(a)
-    elif algo.name == "vtrace":
-        adv = ret = np.zeros_like(a["values"])
-        segment = {k: a[k] for k in ("rewards", "values", "terminated", "truncated", "bootstrap")}
+        segment = {}
     else:
-        adv, ret = gae(a["rewards"], a["values"], a["terminated"], a["truncated"], a["bootstrap"], algo.gamma,
-                       algo.gae_lambda)
+        try:
+            adv, ret, segment = ALGORITHMS[algo.name].segment(a, attrs, path.name, algo)
+        except SegmentError as e:
+            # A ShardError: the shard is quarantined and trained as absent (an env child restarted
+            # mid-reset used to make this fatal on every resume), and the warning says why.
+            raise shards.ShardError(str(e)) from None
     lb, sample = flat(a["logprobs"]), flat(a["sample"])
     # Token ratios: one log-prob per action coordinate of the chunk (K*D: a token family's tokens).
     prox_shape = (len(lb), int(np.prod(a["actions"].shape[2:]))) if algo.ratio == "token" else lb.shape
     return Rows(flat(a["images"]), flat(a["proprio"]), flat(a["tokens"]), sample,
                 flat(a["valid"]).float(), lb, torch.full(prox_shape, float("nan")), flat(adv), flat(ret),
                 flat(a["versions"]), segment)
-
-
-def episode_outcomes(a: dict) -> np.ndarray:
-    """Each env's episode outcome [N] in an episodic shard: 1 if it succeeded on a valid row, else 0."""
-    return (a["success"] & a["valid"]).any(0).astype(np.float32)
-
-
-def grpo_segment(a: dict, attrs: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """GRPO advantages [T, N] of one shard: its N episodes started from one state (checked by the
-    digests of their first observations); each episode's outcome, 1 if it succeeded else 0 (the
-    env's own success flag; dense shaping rewards are ignored: normalised within a group they
-    would turn tiny return differences of failed episodes into full-size advantages), is
-    normalised within the group and given to every decision of the episode, divided by the
-    episode's length (relative to the group's mean). No critic."""
-    digests = attrs.get("reset_digests") or []
-    if len(set(digests)) != 1:
-        # A ShardError: the shard is quarantined and trained as absent (an env child restarted
-        # mid-reset used to make this fatal on every resume), and the warning says why.
-        raise shards.ShardError(f"grpo: shard {name} holds episodes from {len(set(digests))} different initial states "
-                           f"(first-observation digests {digests} of envs {attrs.get('env_ids')}): the env's reset "
-                           f"is not a function of its seed, or the shard was not written in episodic mode")
-    outcome = episode_outcomes(a)
-    # GRPO's 1/|o_i|: each episode weighs the same whatever its length. Summed over rows instead,
-    # failures (which run to the horizon) outweigh the shorter successes of their group, so the
-    # net update pushes sampled actions down and entropy up (seen on Lift). Scaled by the mean
-    # length, a row keeps weight 1 on average and a group's advantages sum to 0 over its rows.
-    rows = a["valid"].sum(0).astype(np.float64)
-    per_row = grpo_advantages(outcome) * rows.mean() / np.maximum(rows, 1)
-    adv = np.broadcast_to(per_row, a["rewards"].shape) * a["valid"]
-    return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
-
-
-def raft_segment(a: dict) -> tuple[np.ndarray, np.ndarray]:
-    """RAFT++ advantages [T, N] of one shard: 1 for every decision of an episode that succeeded
-    (the env's own success flag), 0 for failed episodes and padding. Under the clipped ratio this
-    is behaviour cloning of the policy's own successes: the failures' samples are not pushed down
-    (GRPO's negative advantages spread the probability a 256-bin token loses over all the other
-    bins). No groups: each env resets from its own seed. No critic."""
-    adv = np.broadcast_to(episode_outcomes(a), a["rewards"].shape) * a["valid"]
-    return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32)
 
 
 def load_init(policy, path: str) -> None:
@@ -242,7 +199,7 @@ class TorchLearner:
         """π_prox: the weights at the start of the rollout step (stale rows need it; so do V-trace
         and the log-prob check, which compare it with the behaviour policy)."""
         a = self.cfg.algo
-        if not (self.cfg.mode.eta > 0 or a.name == "vtrace" or a.check_logprobs):
+        if not (self.cfg.mode.eta > 0 or ALGORITHMS[a.name].targets_per_version or a.check_logprobs):
             return None
         if self.prox is not None and self.megatron:
             self.prox.load_state_dict(self.policy.state_dict())   # reuse the replica
@@ -379,7 +336,7 @@ class TorchLearner:
             rows = self.preload(s.name)
             if rows is None:
                 continue
-            if self.cfg.algo.name == "vtrace":
+            if ALGORITHMS[self.cfg.algo.name].targets_per_version:
                 self._vtrace(rows)
             else:
                 self._fill_prox(rows, s.start, s.stop)
@@ -471,7 +428,8 @@ class TorchLearner:
         a = self.cfg.algo
         logp, ent, value = self.policy.evaluate(mb["images"], mb["proprio"], mb["tokens"], mb["sample"],
                                                 per_token=a.ratio == "token")
-        logp_behav = mb["logp_prox"] if a.name == "vtrace" else mb["logp_behav"]
+        # V-trace corrects for the behaviour policy in its targets: the loss anchors at π_prox alone.
+        logp_behav = mb["logp_prox"] if ALGORITHMS[a.name].targets_per_version else mb["logp_behav"]
         logp_ref = None
         if self.ref is not None:
             with torch.no_grad():

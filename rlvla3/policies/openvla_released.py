@@ -51,7 +51,7 @@ class ReleasedOpenVLA(OpenVLA):
         self.action_bins, self.action_dim, self.chunk = pcfg.action_bins, spec.action_dim, spec.chunk
         self.n_act = spec.chunk * spec.action_dim
         self.autoregressive = pcfg.decoding == "autoregressive"
-        self.first_action_id = None   # the ids count down (no Megatron LM here: world.validate refuses it)
+        self.first_action_id = None   # the ids count down (no Megatron LM here: the checks refuse it)
         bins = torch.arange(self.action_bins)
         self.add_heads(self.lm.config.hidden_size, prismatic.LLAMA_VOCAB - 1 - bins)
 
