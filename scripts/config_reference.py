@@ -1,7 +1,7 @@
 """Write docs/configuration.md from rlvla3/config.py: every field, its type, default and docstring.
 
 The schema's field docstrings are the one description of each setting; this page is generated
-from them so that it cannot drift (tests/test_docs.py fails when the committed page is stale).
+from them so that it cannot drift (tests/house/test_docs.py fails when the committed page is stale).
 
     python scripts/config_reference.py           # rewrite docs/configuration.md
     python scripts/config_reference.py --check   # exit 1 if the committed page is stale

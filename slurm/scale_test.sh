@@ -38,5 +38,5 @@ echo "scaling sweep -> $SWEEP (scale-div $RLVLA3_SCALE_DIV; overrides: $RLVLA3_S
 "$PY" -m rlvla3.scale run --sweep "$SWEEP" --scale-div "$RLVLA3_SCALE_DIV" --overrides "$RLVLA3_SCALE_OVERRIDES"
 # The plot: measured points, ideal scaling, and the planner's prediction of every point from a
 # profile fitted to the smallest sync point (the planner's model, checked against the engine).
-SMALLEST_SYNC=$(ls -d "$SWEEP"/g*-sync 2>/dev/null | head -1)
+SMALLEST_SYNC=$(ls -d "$SWEEP"/g*-sync 2>/dev/null | head -1 || true)   # none when every sync point failed
 "$PY" -m analysis.scaling "$SWEEP" ${SMALLEST_SYNC:+--profile "$SMALLEST_SYNC"}

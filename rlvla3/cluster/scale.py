@@ -128,7 +128,7 @@ def watch_step(proc: subprocess.Popen, run_dir: Path, world_size: int, timeout: 
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.scale", description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=("header", "run"))
     ap.add_argument("--sweep", type=Path, help="sweep folder (run)")

@@ -137,7 +137,7 @@ def write_shard(shards_dir: Path, name: str, arrays: dict[str, np.ndarray], boot
 # (level 1) unless runtime.shard_codec=none. zarr-python's own write path cost ~10x np.save of the
 # same arrays (117-127 vs 7-9 ms for a 12.6 MB segment; per-array overhead, not compression), so
 # the entries are written and read here as plain zarr 3 that zarr-python reads and writes too
-# (tests/test_shards.py checks both ways). One file, not a folder: a folder of zarr 3 files costs
+# (tests/engine/test_shards.py checks both ways). One file, not a folder: a folder of zarr 3 files costs
 # a mkdir, a zarr.json and a chunk file per array (~46 file operations a shard against np.save's
 # 16, 10-25 ms on an overlay filesystem whatever the bytes); the zip is one create and one
 # rename. The chunk key separator is "." (`c.0.0`, zarr-python's default is nested `c/0/0`).

@@ -19,7 +19,7 @@ The policy's action for a mobile manipulator is laid out in a fixed, named order
                   base_mode [1]: > 0 drive the base (the arm keeps its goal), <= 0 move the arm
 
 RoboCasa itself could not be installed on these machines: the mapping is tested on robosuite's
-own PandaOmron (Omron mobile base + Panda arm), which exists here (tests/test_envs.py).
+own PandaOmron (Omron mobile base + Panda arm), which exists here (tests/envs/test_envs.py).
 """
 from __future__ import annotations
 

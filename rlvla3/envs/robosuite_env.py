@@ -86,7 +86,7 @@ class RobosuiteEnv:
 
         The old context is freed *before* the new one is made: freeing a GL context releases
         whatever context is current, so an old context collected after the new one was built
-        left the new one unbound and every frame garbage (tests/test_envs.py compares frames)."""
+        left the new one unbound and every frame garbage (tests/envs/test_envs.py compares frames)."""
         import gc
 
         import mujoco

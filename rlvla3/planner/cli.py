@@ -207,7 +207,7 @@ def validate(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.plan", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=("show", "ladder", "profile", "validate"))

@@ -125,7 +125,7 @@ def _publish(x: dict, out: Path, world, sp, cfg, rank: int) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.collect", description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=20, help="episodes in total (spread over the env groups)")
     ap.add_argument("--out", default="", help="run folder (default runs/demos/<date>-<time>)")

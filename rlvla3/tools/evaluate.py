@@ -67,7 +67,7 @@ def of_run_config(run: Path, ckpt: Path, episodes: int, seed: int):
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (run ckpt/ or rlvla3.sft output)")
     ap.add_argument("--episodes", type=int, default=200, help="episodes (rounded up to whole rounds of env.num_envs)")

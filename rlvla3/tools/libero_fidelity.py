@@ -296,7 +296,7 @@ def measure(suite: str, tasks: list[int], steps: list[int], seed: int, timeout: 
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.bench fidelity", description=__doc__.splitlines()[0])
     ap.add_argument("--suite", default="libero_spatial")
     ap.add_argument("--tasks", default="0,5", help="comma-separated task indices of the suite")

@@ -1,4 +1,4 @@
-"""The Megatron LM's self-checks, run as MPI jobs (tests/test_megatron.py, bench/gpu_vla.sh):
+"""The Megatron LM's self-checks, run as MPI jobs (tests/policies/test_megatron.py, bench/gpu_vla.sh):
 
     mpiexec -n TP python -m rlvla3.tools.megatron_check          CPU: transformers vs Megatron, TP ranks
     python -m rlvla3.tools.megatron_check --gpu                  GPU: Megatron's DDP + optimizer, TP = 1

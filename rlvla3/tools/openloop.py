@@ -73,7 +73,7 @@ def open_loop_errors(cfg, checkpoint: str, rows: dict[str, np.ndarray], n_rows: 
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.openloop", description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", required=True, help="a .pt checkpoint (rlvla3.sft output or a run's ckpt/)")
     ap.add_argument("--demos", required=True, help="a collect run folder (or its shards/ folder), or a LeRobotDataset folder")

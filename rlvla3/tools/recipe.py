@@ -239,7 +239,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.recipe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="", help="folder for everything (default runs/recipe/<date>-<time>)")
     ap.add_argument("--demo-episodes", type=int, default=16, help="expert episodes to collect (at least)")

@@ -221,7 +221,7 @@ def keep_state_record(demos: Path, out: Path) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command's options (also read by tests/test_docs.py to check documented commands)."""
+    """The command's options (also read by tests/house/test_docs.py to check documented commands)."""
     ap = argparse.ArgumentParser(prog="python -m rlvla3.sft", description=__doc__.split("\n\n")[0])
     ap.add_argument("--demos", required=True,
                     help="a collect run folder (or its shards/ folder), or a LeRobotDataset folder (v3.0 or v2.1)")

@@ -18,7 +18,7 @@ import pytest
 from rlvla3.engine import shards
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PLAIN = re.compile(r"^-?[0-9]{1,3}(,?[0-9]{3})*(\.[0-9]+)?$")   # `8`, `1500`, `0.25`, `2,000,000`: no 10^k, e+06, ×
 
 
@@ -52,7 +52,7 @@ def test_timeline_batches_and_staleness_of_an_async_run(tmp_path):
 @needs_mpi
 @pytest.mark.slow
 def test_online_batching_window_is_tuned_logged_and_plotted(tmp_path):
-    from tests.test_emulated import EMULATED
+    from tests.engine.test_emulated import EMULATED
 
     proc, run = run_engine(tmp_path, [*EMULATED, "generator.adapt_batch=8", "generator.t_max_ms=200"], name="adapt")
     assert_ok(proc)

@@ -15,7 +15,7 @@ from rlvla3.engine.inprocess import InProcessRun
 from rlvla3.engine.roles import Role
 from tests.conftest import EMULATED_FAST, TOY
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_has_no_import_circle_and_keeps_its_wing_rules():

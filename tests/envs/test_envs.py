@@ -337,7 +337,7 @@ def test_a_chunk_draws_only_its_last_frame_and_it_is_the_frame_every_step_would(
     """The policy sees a chunk's last observation only, so the envs draw no other (rendering is most
     of a rendered step here): a seeded episode stepped as chunks of 4 ends each chunk on the same
     frame and proprio as stepped one observed action at a time, with one draw a chunk instead of 4
-    (LIBERO: tests/test_libero.py)."""
+    (LIBERO: tests/envs/test_libero.py)."""
     cfg = compose([f"env={env}", "env.num_envs=1", "env.in_process=true"])
     vec = make_vec_env(cfg, [0], 0, auto_reset=False, encode=words(cfg))
     dim = spec(cfg).action_dim

@@ -1,6 +1,6 @@
 """Every preset a user can pick (`conf/experiment/*.yaml`) runs: one version at tiny size, over
 real MPI, with its env (robosuite, Meta-World, LIBERO in its own interpreter) and its policy
-family. Composing and validating alone (tests/test_config.py) misses what only a run meets: a
+family. Composing and validating alone (tests/world/test_config.py) misses what only a run meets: a
 family that cannot act on the preset's cameras, a segment the algorithm cannot train.
 
 Tiny size keeps each preset's env, family, algorithm, cameras, chunk and prompt, and shrinks what
@@ -29,7 +29,7 @@ def tiny_overrides(name: str, tmp_path) -> list[str]:
     if cfg.env.name != "toy":
         over += ["env.image_size=32"]
     if cfg.env.name == "libero":
-        over += ["env.hard_reset=false"]   # the same episode, 11x cheaper a reset (tests/test_libero.py)
+        over += ["env.hard_reset=false"]   # the same episode, 11x cheaper a reset (tests/envs/test_libero.py)
     if cfg.algo.name in ("grpo", "raft"):   # whole episodes a segment: two chunks long
         over += [f"env.horizon={2 * cfg.policy.chunk}"]
     if cfg.policy.name == "openvla_oft":    # no random-init form: a tiny folder in the released layout

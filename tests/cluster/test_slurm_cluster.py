@@ -190,7 +190,7 @@ def test_a_job_whose_step_ended_without_results_but_still_runs_is_cancelled_and_
 
 
 def test_sbatch_scale_test_leaves_a_run_folder_per_point_and_a_plot(tmp_path):
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     sweep = tmp_path / "sweep"
     env = {**os.environ, "RLVLA3_SCALE_DIV": "64", "RLVLA3_SWEEP": str(sweep), "RLVLA3_PYTHON": sys.executable,
            # the script's own points, at one epoch per version: the sweep's plumbing is under test

@@ -15,7 +15,7 @@ from rlvla3.engine import shards
 from rlvla3.engine.evaluator import EvaluationError, Evaluator
 from rlvla3.envs.hosting import episode_seed
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine, summary
-from tests.test_scalars import wandb_records
+from tests.engine.test_scalars import wandb_records
 
 
 @needs_mpi

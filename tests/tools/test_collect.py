@@ -43,7 +43,7 @@ def test_toy_demonstrations_over_two_ranks(tmp_path):
 def check_lerobot_round_trip(run):
     """collect --format lerobot: the whole episodes of the shards, read back by the LeRobot reader
     (sft --demos), are the same frames: state, actions, instructions exact, pictures through H.264;
-    the folder has the v3.0 layout's files and episode columns (as tests/test_lerobot.py's
+    the folder has the v3.0 layout's files and episode columns (as tests/tools/test_lerobot.py's
     fixture, written from LeRobot's own writer, has them)."""
     import json
 
@@ -53,7 +53,7 @@ def check_lerobot_round_trip(run):
     from rlvla3.policies.prompts import instruction_encoder
     from rlvla3.tools.episodes import RecordedEpisodes
     from rlvla3.tools.lerobot_dataset import load_lerobot
-    from tests.test_lerobot import FIXTURE_EPISODE_COLUMNS
+    from tests.tools.test_lerobot import FIXTURE_EPISODE_COLUMNS
 
     cfg = compose(["+experiment=toy"])
     recorded = RecordedEpisodes(run)

@@ -12,7 +12,7 @@ import pytest
 from rlvla3 import notices
 from rlvla3.engine.progress import Progress
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def python(code: str) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """Each family's published configuration instantiates on the meta device (no memory) at the
-published parameter count. OpenVLA-7B: tests/test_prismatic.py (the released folder's layout)."""
+published parameter count. OpenVLA-7B: tests/policies/test_prismatic.py (the released folder's layout)."""
 from __future__ import annotations
 
 from rlvla3.policies.pi0 import published_pi0

@@ -1,6 +1,6 @@
 """The engine in one process (engine/inprocess.py): the real roles, messages, edges, batcher,
 credits, shards and checkpoints over in-process links, checked between passes. Seconds per run,
-so the engine's rules are tested directly; tests/test_engine.py keeps the same runs over mpiexec."""
+so the engine's rules are tested directly; tests/engine/test_engine.py keeps the same runs over mpiexec."""
 from __future__ import annotations
 
 import ast
@@ -24,7 +24,7 @@ from rlvla3.world import derive
 from tests.conftest import EMULATED_FAST, TOY, check_every_shard_consumed_once
 
 FAST_TOY = [*TOY, "algo.update_epochs=2"]
-ENGINE = Path(__file__).resolve().parent.parent / "rlvla3" / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "rlvla3" / "engine"
 
 
 def credit_gate(run: InProcessRun) -> None:

@@ -16,7 +16,7 @@ pytestmark = [needs_mpi, pytest.mark.slow]
 LOGP_TOL = 1e-3
 
 # (autoregressive Llama decoding, pi0, pi05 and openvla_oft run through the engine from their
-# published layouts: tests/test_openvla_released.py, test_pi0_pretrained.py, test_pi05.py, test_openvla_oft.py)
+# published layouts: tests/policies/test_openvla_released.py, test_pi0_pretrained.py, test_pi05.py, test_openvla_oft.py)
 FAMILIES = {
     "tiny_chunk2": ["policy.chunk=2"],
     # Token ratios: the Trainer's per-token π_prox forward, summed, must match the Generator's log-prob.

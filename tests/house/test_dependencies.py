@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # conda-forge's names for PyPI distributions whose names differ.
 CONDA_NAMES = {"torch": "pytorch", "opencv-python-headless": "opencv"}
 # Imported, but installed otherwise: by scripts/setup.sh with --no-deps (their pins conflict with

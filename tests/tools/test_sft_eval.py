@@ -79,7 +79,7 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
     check_rollouts_as_lerobot(tmp_path / "eval" / "lerobot", r)
     print(r)
     assert r["episodes"] == 64, "whole rounds of env.num_envs=16 episodes"
-    # A uniform-random policy succeeds ~23% of the time on toy (tests/test_learning.py).
+    # A uniform-random policy succeeds ~23% of the time on toy (tests/engine/test_learning.py).
     assert r["wilson95"][0] > 0.23, r
     run("rlvla3.evaluate", "--checkpoint", str(tmp_path / "sft.pt"), "--episodes", "16", "--out", str(tmp_path / "greedy"),
         "--videos", "0", "--greedy", "+experiment=toy", "runtime.tensorboard=false")

@@ -72,7 +72,7 @@ def test_act_evaluate_agree_and_train(family):
 
 
 def test_pretrained_checkpoints_load_from_a_local_path(tmp_path):
-    """pi0: a PI0 checkpoint dir (openvla's released folder: tests/test_openvla_released.py). A
+    """pi0: a PI0 checkpoint dir (openvla's released folder: tests/policies/test_openvla_released.py). A
     missing one is named in the error (nothing is ever downloaded)."""
     pi0, _ = build(name="pi0", chunk=2)
     pi0.model.save_pretrained(tmp_path / "pi0")

@@ -12,7 +12,7 @@ from rlvla3.engine import shards
 from rlvla3.engine.metrics import read_records, read_summaries
 from rlvla3.world import derive
 from tests.conftest import assert_ok, check_every_shard_consumed_once, needs_mpi, run_engine, summary
-from tests.test_engine import _resume_cfg
+from tests.engine.test_engine import _resume_cfg
 
 pytestmark = [needs_mpi, pytest.mark.slow]
 
