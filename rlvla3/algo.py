@@ -1,4 +1,6 @@
-"""Pure tensor maths of the RL algorithms; no I/O, no state. Names follow the papers' symbols.
+"""Pure tensor maths of the RL algorithms, and the table of algorithms (ALGORITHMS, at the end);
+no I/O, no state. Names follow the papers' symbols. numpy at import, torch only inside the loss
+functions: every rank reads the table (world.py), and Simulator and emulated ranks never import torch.
 
 - GAE: Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
   Estimation", https://arxiv.org/abs/1506.02438
@@ -15,10 +17,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def next_values(values: np.ndarray, bootstrap: np.ndarray, terminated: np.ndarray,
@@ -105,6 +109,8 @@ def lr_at(lr: float, step: int, warmup: int, total: int, decay: bool) -> float:
 def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     """Per-sample estimate of KL(pi || pi_ref) from log-probs of a sample: e^x - x - 1 with
     x = log pi_ref - log pi (unbiased for samples from pi, always >= 0, low variance)."""
+    import torch
+
     x = logp_ref - logp
     return torch.exp(x) - x - 1.0
 
@@ -143,6 +149,8 @@ def decoupled_ppo_loss(logp: torch.Tensor, logp_prox: torch.Tensor, logp_behav: 
     once its tokens moved ~0.3% each on average; per token, each stops only itself. w stays one
     weight per sample (the behaviour policy's log-prob is stored summed).
     """
+    import torch
+
     m = torch.ones_like(logp_behav) if weight is None else weight
     per_token = logp.dim() == 2
 

@@ -45,8 +45,9 @@ class EnvConfig:
     """libero: no-op steps at each episode's start so objects settle (not policy steps)."""
     hard_reset: bool = True
     """libero: rebuild the scene's model at every reset, as robosuite and the published evaluation
-    scripts do (~5 s here). false resets the same model (~0.3 s): the initial state is identical,
-    the dynamics after the first episode differ by micrometres (docs/results/libero.md)."""
+    scripts do (seconds a reset on 2 cores). false resets the same model (about 11x cheaper): an
+    episode after a soft reset is bitwise the hard reset's episode of its seed (tests/envs/test_libero.py;
+    docs/results/libero.md)."""
     seed_order: str = "hashed"
     """Episode reset seeds: hashed (spread apart from the run's seed, env id and episode) |
     sequential (the run's episodes from seeds seed, seed+1, ...: env i's k-th episode is
