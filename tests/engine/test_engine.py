@@ -176,10 +176,20 @@ def _resume_cfg(run, versions):
 @pytest.mark.sim
 def test_an_env_that_cannot_start_fails_the_job_naming_the_task(tmp_path):
     """env.task=NoSuchTask: the job ends non-zero after bounded restarts, the message names the task
-    (it used to restart the children forever, and the launcher never returned)."""
+    (it used to restart the children forever, and the launcher never returned). The launcher now
+    refuses an unknown task before any rank starts (tests/envs/test_envs.py); the run folder is
+    written here without that check, as for an env whose package lists a task it cannot build."""
+    from rlvla3 import config
+    from rlvla3.world import derive
+
+    cfg = compose(["env=robosuite_lift", "env.task=NoSuchTask", "algo.max_versions=1", "runtime.tensorboard=false"])
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = config.replace(cfg, run_dir=str(run))
+    config.save(cfg, run)
     t0 = time.monotonic()
-    proc, _ = run_engine(tmp_path, ["env=robosuite_lift", "env.task=NoSuchTask", "algo.max_versions=1",
-                                    "runtime.tensorboard=false"], timeout=180)
+    proc = subprocess.run(mpiexec_command(cfg, derive(cfg).size, run), env=mpi_env(), capture_output=True, text=True,
+                          timeout=180)
     assert proc.returncode != 0 and time.monotonic() - t0 < 180
     assert "EnvStartError" in proc.stderr and "env.task='NoSuchTask'" in proc.stderr, proc.stderr[-3000:]
 
