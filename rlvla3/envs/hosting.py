@@ -432,8 +432,12 @@ def check_env(cfg, timeout: float = 300.0) -> None:
     if cfg.env.name not in CHECKS and not cfg.env.python:
         return
     python = interpreter(cfg) or sys.executable
+    env = config_tree(cfg)["env"]
+    key = json.dumps([python, *(env[k] for k in CHOSEN)])
+    if key in _ACCEPTED:   # one process launching many runs (a sweep, the tests) asks once
+        return
     try:
-        p = subprocess.run([python, "-m", "rlvla3.envs.choices", json.dumps(config_tree(cfg)["env"])], cwd=SOURCE_ROOT,
+        p = subprocess.run([python, "-m", "rlvla3.envs.choices", json.dumps(env)], cwd=SOURCE_ROOT,
                            env=foreign_env() if cfg.env.python else None, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise ValueError(f"env.python={cfg.env.python!r} does not run ({type(e).__name__}: {e})") from None
@@ -444,6 +448,12 @@ def check_env(cfg, timeout: float = 300.0) -> None:
     refused = json.loads(p.stdout.strip().splitlines()[-1])
     if refused:
         raise ValueError(f"env.name={cfg.env.name}: " + "; ".join(refused))
+    _ACCEPTED.add(key)
+
+
+CHOSEN = ("name", "task", "suite", "task_ids", "robot", "cameras")
+"""The env fields `check_env`'s answer depends on (envs/choices.py reads no other)."""
+_ACCEPTED: set[str] = set()
 
 
 def make_vec_env(cfg, env_ids: list[int], seed: int, *, auto_reset: bool, encode):
