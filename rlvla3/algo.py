@@ -210,7 +210,7 @@ def episode_outcomes(a: dict) -> np.ndarray:
     return (a["success"] & a["valid"]).any(0).astype(np.float32)
 
 
-def grpo_segment(a: dict, attrs: dict, name: str, algo=None) -> tuple[np.ndarray, np.ndarray, dict]:
+def grpo_segment(a: dict, attrs: dict, name: str, algo) -> tuple[np.ndarray, np.ndarray, dict]:
     """GRPO advantages [T, N] of one shard: its N episodes started from one state (checked by the
     digests of their first observations); each episode's outcome, 1 if it succeeded else 0 (the
     env's own success flag; dense shaping rewards are ignored: normalised within a group they
@@ -233,7 +233,7 @@ def grpo_segment(a: dict, attrs: dict, name: str, algo=None) -> tuple[np.ndarray
     return adv.astype(np.float32), np.zeros_like(adv, dtype=np.float32), {}
 
 
-def raft_segment(a: dict, attrs: dict | None = None, name: str = "", algo=None) -> tuple[np.ndarray, np.ndarray, dict]:
+def raft_segment(a: dict, attrs: dict, name: str, algo) -> tuple[np.ndarray, np.ndarray, dict]:
     """RAFT++ advantages [T, N] of one shard: 1 for every decision of an episode that succeeded
     (the env's own success flag), 0 for failed episodes and padding. Under the clipped ratio this
     is behaviour cloning of the policy's own successes: the failures' samples are not pushed down

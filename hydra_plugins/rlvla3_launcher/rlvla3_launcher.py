@@ -95,8 +95,7 @@ class HetSlurmLauncher(BaseSubmititLauncher):
             except Exception as e:  # the job's own error (rank traceback) becomes the point's failure
                 ret.status, ret.return_value, error = JobStatus.FAILED, e, e
             row = results.sweep_row(sweep_cfg.hydra.job.num, filter_overrides(overrides), run_dir, error)
-            print(f"#{row['point']} {row['overrides']}: {row['status']}, {row['versions']} versions, "
-                  f"{row['env_steps_per_s']:.1f} env steps/s, final success {row['final_success']:.2f}; {run_dir}", flush=True)
+            print(f"#{row['point']} {row['overrides']}: {row['status']}, {results.result_text(row)}; {run_dir}", flush=True)
             rows.append(row)
             returns.append(ret)
         sweep_dir = Path(str(points[0][1].hydra.sweep.dir))

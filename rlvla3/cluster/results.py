@@ -22,10 +22,13 @@ def run_result(run_dir: Path) -> dict:
             "final_success": history[-1].get("success", math.nan)}
 
 
+def result_text(r: dict) -> str:
+    """A run_result in words: the launcher's last line, and a sweep point's."""
+    return f"{r['versions']} versions, {r['env_steps_per_s']:.1f} env steps/s, final success {r['final_success']:.2f}"
+
+
 def result_line(run_dir: Path) -> str:
-    r = run_result(run_dir)
-    return (f"result: {r['versions']} versions, {r['env_steps_per_s']:.1f} env steps/s, final success "
-            f"{r['final_success']:.2f} (the last version's training episodes); run folder {run_dir}")
+    return f"result: {result_text(run_result(run_dir))} (the last version's training episodes); run folder {run_dir}"
 
 
 def failure_line(run_dir: Path) -> str | None:

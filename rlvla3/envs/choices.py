@@ -1,5 +1,5 @@
-"""The values an env's own packages accept for what a user names (task, suite, task ids, robot,
-cameras), read from those packages in the env's interpreter, so that a misspelt value is refused
+"""The values an env's own packages accept for what a user names (task, robot, cameras), read from
+those packages in the env's interpreter, so that a misspelt value is refused
 in one line, naming the valid ones, before any rank starts (`hosting.check_env`).
 
 Run as `<env interpreter> -m rlvla3.envs.choices '<env config as JSON>'`: it prints one JSON line,
@@ -43,24 +43,6 @@ def metaworld_refusals(e) -> list[str]:
     return camera_refusals(e.cameras, [model.camera(i).name for i in range(model.ncam)])
 
 
-def libero_refusals(e) -> list[str]:
-    from libero.libero import benchmark
-
-    suites = benchmark.get_benchmark_dict()
-    if e.suite not in suites:
-        return [refuse("env.suite", e.suite, suites)]
-    n = suites[e.suite](task_order_index=0).n_tasks
-    bad = [i for i in e.task_ids if not 0 <= i < n]
-    if bad:
-        return [f"env.task_ids={list(e.task_ids)}: {e.suite} has tasks 0..{n - 1}, not {bad}"]
-    # Every LIBERO scene has robosuite's arena cameras and the robot's (the model is not built here:
-    # a scene takes seconds); a camera outside these fails when the first env starts.
-    return camera_refusals(e.cameras, LIBERO_CAMERAS)
-
-
-LIBERO_CAMERAS = ("agentview", "robot0_eye_in_hand", "frontview", "birdview", "sideview", "robot0_robotview")
-
-
 def maniskill_refusals(e) -> list[str]:
     import mani_skill.envs  # noqa: F401  (registers the tasks)
     from mani_skill.utils.registration import REGISTERED_ENVS
@@ -73,10 +55,10 @@ def camera_refusals(wanted, available) -> list[str]:
     return [f"env.cameras={list(wanted)}: no camera {missing} in this scene; it has {sorted(available)}"] if missing else []
 
 
-CHECKS = {"robosuite": robosuite_refusals, "metaworld": metaworld_refusals, "libero": libero_refusals,
-          "maniskill": maniskill_refusals}
-"""Envs whose packages list what they accept (toy and emulated take any task; robocasa's tasks
-register only with its optional package, which says so itself when missing)."""
+CHECKS = {"robosuite": robosuite_refusals, "metaworld": metaworld_refusals, "maniskill": maniskill_refusals}
+"""Envs whose packages list what they accept (toy and emulated take any task; LIBERO's suites, task
+ids and cameras are checked from its own tables before any interpreter starts, checks.libero;
+robocasa's tasks register only with its optional package, which says so itself when missing)."""
 
 
 def refusals(env: dict) -> list[str]:

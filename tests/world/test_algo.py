@@ -261,7 +261,7 @@ def test_grpo_segment_weighs_episodes_equally_whatever_their_length():
     success = np.zeros((T, N), bool)
     success[2, 0] = True                                  # env 0 succeeds at its 3rd decision
     a = {"success": success, "valid": valid, "rewards": np.zeros((T, N), np.float32)}
-    adv, _, _ = grpo_segment(a, {"reset_digests": [7] * N}, "shard")
+    adv, _, _ = grpo_segment(a, {"reset_digests": [7] * N}, "shard", None)
     per_episode = adv.sum(0)
     np.testing.assert_allclose(per_episode, grpo_advantages(success.any(0).astype(np.float32)) * np.mean(lengths),
                                rtol=1e-5)
@@ -280,13 +280,13 @@ def test_raft_segment_reinforces_every_decision_of_a_success_and_nothing_else():
     success = np.zeros((T, N), bool)
     success[2, 0] = success[6, 3] = True            # envs 0 and 3 succeed at their last decision
     a = {"success": success, "valid": valid, "rewards": np.zeros((T, N), np.float32)}
-    adv, ret, _ = raft_segment(a)
+    adv, ret, _ = raft_segment(a, {}, "shard", None)
     np.testing.assert_array_equal(adv, valid * np.array([1, 0, 0, 1], np.float32))
     assert adv.dtype == np.float32 and not ret.any()
     success[2, 0] = False
     success[5, 1] = True                            # a success flag on a padding row does not count
     valid[5:, 1] = False
-    np.testing.assert_array_equal(raft_segment(a)[0], valid * np.array([0, 0, 0, 1], np.float32))
+    np.testing.assert_array_equal(raft_segment(a, {}, "shard", None)[0], valid * np.array([0, 0, 0, 1], np.float32))
 
 
 def test_lr_warms_up_then_decays_linearly_to_zero_at_the_last_step():
