@@ -1,7 +1,8 @@
-"""`python -m rlvla3.bench`: benchmarks: throughput ladder, weight sync, policy families, simulators (the code is rlvla3/tools/bench.py)."""
+"""`python -m rlvla3.bench <what>`: the benchmarks (throughput ladder, weight sync, policy families,
+memory, simulators, faults, shards, latency, observations); each is a module of rlvla3/benchmarks/."""
 import sys
 
-from rlvla3.tools.bench import main
+from rlvla3.benchmarks.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

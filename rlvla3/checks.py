@@ -13,8 +13,9 @@ from pathlib import Path
 from .algo import ALGORITHMS, whole_episodes
 from .config import ConfigError, RunConfig, require
 from .envs import SIM_MODULES, env_dims, interpreter
-from .policies.prompts import hashed_pi05_min_length, instruction_encoder
-from .policies.prompts import is_released_openvla as released_openvla
+from .policies.openvla.layout import is_released_openvla as released_openvla
+from .policies.pi.layout import hashed_pi05_min_length
+from .policies.prompts import instruction_encoder
 from .policies.registry import FAMILIES
 
 SECTIONS = ("env", "policy", "algo", "mode", "generator", "cluster", "runtime")
@@ -121,7 +122,7 @@ def megatron(cfg: RunConfig) -> None:
 
 def pretrained(cfg: RunConfig) -> None:
     """A pretrained checkpoint this run can use, with the tokenizer it reads its prompt with."""
-    from .policies import openvla_folder
+    from .policies.openvla import layout as openvla_folder
 
     p = cfg.policy
     if released_openvla(p):

@@ -18,7 +18,7 @@ PACKAGE = ROOT / "rlvla3"
 
 # A wing may import only the wings listed for it (and itself). The bottom rooms come first.
 WINGS = ("config", "notices", "algo", "envs", "policies", "checks", "world", "engine", "cluster", "planner", "tools",
-         "entry points")
+         "benchmarks", "entry points")
 MAY_IMPORT = {
     "config": set(),
     "notices": set(),   # stdlib only: env children under another interpreter import it
@@ -31,7 +31,8 @@ MAY_IMPORT = {
     "cluster": {"config", "notices", "world", "engine"},
     "planner": {"config", "world", "engine", "cluster"},
     "tools": {"config", "notices", "algo", "envs", "policies", "world", "engine", "cluster", "planner"},
-    "entry points": {"cluster", "planner", "tools"},
+    "benchmarks": {"config", "notices", "algo", "envs", "policies", "world", "engine", "cluster", "planner", "tools"},
+    "entry points": {"cluster", "planner", "tools", "benchmarks"},
 }
 ENTRY_POINTS = {"launch", "bench", "plan", "collect", "sft", "openloop", "evaluate", "recipe", "scale"}
 

@@ -14,7 +14,7 @@ versioned, in buckets, optionally bfloat16 on the wire. numpy only (emulated ran
   has it, so Trainer 0 sends `fanout` copies instead of one per Generator, and the copies down
   the tree overlap bucket by bucket (fanout 0: Trainer 0 sends to every Generator itself).
 
-`python -m rlvla3.bench weights` (tools/bench_weights.py) measures the cost of a publish vs parameter count and
+`python -m rlvla3.bench weights` (benchmarks/weights.py) measures the cost of a publish vs parameter count and
 Generator count.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ def make_policy(cfg, spec, published: bool = False):
     """The torch policy of `cfg.policy` for observations/actions of `spec` (random init, seeded,
     or `policy.pretrained`), with its LoRA adapters and gradient checkpointing as configured.
     published: the family's published configuration instead, random, reading no folder, on the
-    default device (under `torch.device("meta")`: policies/footprint.py; on a GPU: `bench
+    default device (under `torch.device("meta")`: benchmarks/footprint.py; on a GPU: `bench
     families --size published`)."""
     policy = family(cfg, spec, published)
     p = cfg.policy

@@ -17,6 +17,7 @@ and V(s), and sampling is Gumbel-max over the `action_bins` of each of the K*D a
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -167,3 +168,23 @@ class TorchActor:
 
     def to_env_action(self, sample: np.ndarray) -> np.ndarray:
         return self.policy.to_env_action(sample)
+
+
+def require_checkpoint(path: Path, what: str) -> Path:
+    """A local checkpoint directory, or a clear error saying which file is missing."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"policy.pretrained: no {what} checkpoint at {path} (expected {path}/config.json and "
+                                f"its weights, e.g. model.safetensors, saved by transformers' save_pretrained); "
+                                f"nothing is downloaded at run time")
+    return path
+
+
+def load_strict(cls, path: Path, what: str):
+    """`cls.from_pretrained(path)` that fails listing every missing, unexpected or misshapen tensor
+    (transformers only reports them and initialises the missing ones at random)."""
+    model, info = cls.from_pretrained(require_checkpoint(path, what), local_files_only=True, output_loading_info=True)
+    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(bad.values()):
+        raise ValueError(f"policy.pretrained: the {what} checkpoint at {path} does not match its config: "
+                         + "; ".join(f"{k.replace('_', ' ')} {v[:8]}{' ...' if len(v) > 8 else ''}" for k, v in bad.items() if v))
+    return model

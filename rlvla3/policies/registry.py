@@ -20,19 +20,24 @@ class Family:
     """What one forward samples (policies/sampling.py): tokens | chain | gaussian."""
     reads: str
     """What a released folder holds that the family reads (the docs' policies page says more)."""
+    prompt: str | None = None
+    """module:function (torch-free) giving the family's instruction encoder for a `policy` config,
+    or None there: the project's hashed words (policies/prompts.py)."""
     torch: bool = True
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("tiny", "tiny:TinyVLA", None, "tokens", "nothing: random init or an SFT/RL checkpoint"),
-    Family("openvla", "openvla:OpenVLA", "openvla_released:ReleasedOpenVLA", "tokens",
-           "a Prismatic folder (openvla/openvla-7b and its fine-tunes): sharded safetensors, config.json, norm_stats"),
-    Family("openvla_oft", None, "openvla_oft:ReleasedOFT", "gaussian",
-           "an OpenVLA-OFT fine-tune: the Prismatic folder + action head + proprio projector + dataset_statistics.json"),
-    Family("pi0", "pi0:Pi0Flow", "pi0:Pi0Flow", "chain",
-           "transformers' or LeRobot's PI0 folder + LeRobot normaliser files; PaliGemma's tokenizer"),
-    Family("pi05", "pi05:Pi05Flow", "pi05:Pi05Flow", "chain",
-           "LeRobot's π0.5 folder (lerobot/pi05_base layout) + normaliser files; PaliGemma's tokenizer"),
+    Family("openvla", "openvla.model:OpenVLA", "openvla.released:ReleasedOpenVLA", "tokens",
+           "a Prismatic folder (openvla/openvla-7b and its fine-tunes): sharded safetensors, config.json, norm_stats",
+           "openvla.layout:encoder"),
+    Family("openvla_oft", None, "openvla.oft:ReleasedOFT", "gaussian",
+           "an OpenVLA-OFT fine-tune: the Prismatic folder + action head + proprio projector + dataset_statistics.json",
+           "openvla.layout:encoder"),
+    Family("pi0", "pi.pi0:Pi0Flow", "pi.pi0:Pi0Flow", "chain",
+           "transformers' or LeRobot's PI0 folder + LeRobot normaliser files; PaliGemma's tokenizer", "pi.layout:pi0_encoder"),
+    Family("pi05", "pi.pi05:Pi05Flow", "pi.pi05:Pi05Flow", "chain",
+           "LeRobot's π0.5 folder (lerobot/pi05_base layout) + normaliser files; PaliGemma's tokenizer", "pi.layout:pi05_encoder"),
     Family("emulated", None, None, "tokens", "nothing: sleeps for a planner profile's costs", torch=False),
 )}
 

@@ -1,2 +1,3 @@
 """What users run besides a training job: demonstrations (collect), SFT, evaluation, the recipe
-that chains them, and the benchmarks with their MPI workers (bench, bench_weights, megatron_check)."""
+that chains them, LeRobot datasets, LIBERO's protocol and port check, and the Megatron path's MPI
+check (megatron_check). The benchmarks are their own package (rlvla3/benchmarks/)."""

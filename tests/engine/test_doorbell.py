@@ -144,7 +144,7 @@ def test_backoff_polls_inside_an_expected_window_and_does_not_sleep_into_one():
 @needs_mpi
 @pytest.mark.slow
 def test_bench_latency_measures_every_wake_over_real_engine_jobs(tmp_path):
-    from rlvla3.tools.bench import main
+    from rlvla3.benchmarks.cli import main
 
     assert main(["latency", "--topologies", "1+1", "--wakes", "doorbell,doorbell+expect", "--requests", "60",
                  "--idle-seconds", "2", "--out", str(tmp_path)]) == 0

@@ -72,7 +72,7 @@ def test_the_generator_sees_exactly_what_the_simulator_sent_through_the_engine(t
 def test_bench_obs_measures_every_mode_on_rendered_frames(tmp_path):
     import json
 
-    from rlvla3.tools.bench import main
+    from rlvla3.benchmarks.cli import main
 
     assert main(["obs", "--repeats", "1", "--out", str(tmp_path), "algo.segment_steps=6", "env.num_envs=2"]) == 0
     rows = {r["mode"]: r for r in json.loads((tmp_path / "obs.json").read_text())}

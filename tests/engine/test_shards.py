@@ -64,7 +64,7 @@ def test_shards_are_plain_zarr_3_both_ways(tmp_path, codec):
     shard zarr-python wrote (nested chunk keys, chunks of fill values skipped), read_shard reads."""
     import zarr
 
-    from rlvla3.tools.bench_shards import zarr_python_write
+    from rlvla3.benchmarks.shards import zarr_python_write
 
     rng = np.random.default_rng(0)
     seg = {k: (rng.integers(0, 200, v.shape) if v.dtype != bool else rng.random(v.shape) < 0.5).astype(v.dtype)

@@ -64,7 +64,7 @@ def test_a_publish_reaches_every_generator_exactly(tmp_path, fanout):
     """rank 0 publishes 300k parameters in 0.25 MiB buckets to 3 Generators over real mpiexec,
     sent to each (fanout 0) or relayed down a chain (1) or a binary tree (2);
     float32 arrives bit-exact (the worker checks), bfloat16 within 2^-8."""
-    cmd = ["mpiexec", "--oversubscribe", "-n", "4", sys.executable, "-m", "mpi4py", "-m", "rlvla3.tools.bench_weights",
+    cmd = ["mpiexec", "--oversubscribe", "-n", "4", sys.executable, "-m", "mpi4py", "-m", "rlvla3.benchmarks.weights",
            "300000", "float32,bfloat16", "0.25", "1", str(fanout)]
     if __import__("os").geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")

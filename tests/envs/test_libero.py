@@ -307,7 +307,7 @@ def test_repeated_protocol_episodes_wrap_onto_the_fixed_states_and_are_all_count
 
 
 def test_bench_sims_names_its_libero_rows_and_refuses_unknown_ones():
-    from rlvla3.tools.bench import LIBERO_TASKS, sim_task_names
+    from rlvla3.benchmarks.sims import LIBERO_TASKS, sim_task_names
 
     assert sim_task_names("Lift,libero") == ["Lift", *LIBERO_TASKS]
     assert {"libero_spatial@stock", "libero_spatial@1cam", "libero_spatial@224", "libero_90"} <= set(LIBERO_TASKS)

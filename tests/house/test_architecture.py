@@ -49,10 +49,10 @@ def test_the_main_loop_calls_exactly_the_role_interface():
 def test_the_family_registry_is_what_every_reader_sees():
     # One table of families (policies/registry.py): its readers agree with it, and each family has
     # its preset, its benchmark run and its docs section.
+    from rlvla3.benchmarks.families import FAMILY_RUNS
+    from rlvla3.benchmarks.memory import PUBLISHED_RUNS
     from rlvla3.policies.registry import FAMILIES, PUBLISHED
     from rlvla3.policies.sampling import CHAIN_FAMILIES, GAUSSIAN_FAMILIES
-    from rlvla3.tools.bench import FAMILY_RUNS
-    from rlvla3.tools.bench_memory import PUBLISHED_RUNS
 
     assert set(PUBLISHED_RUNS) == set(PUBLISHED) == {"openvla", "openvla_oft", "pi0", "pi05"}
     assert set(CHAIN_FAMILIES) == {"pi0", "pi05"} and set(GAUSSIAN_FAMILIES) == {"openvla_oft"}

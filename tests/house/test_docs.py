@@ -32,7 +32,7 @@ COMMANDS = {
     "openloop": "rlvla3.tools.openloop",
     "evaluate": "rlvla3.tools.evaluate",
     "recipe": "rlvla3.tools.recipe",
-    "bench": "rlvla3.tools.bench",
+    "bench": "rlvla3.benchmarks.cli",
     "plan": "rlvla3.planner.cli",
     "scale": "rlvla3.cluster.scale",
 }

@@ -1,4 +1,4 @@
-"""LeRobot's normaliser read from a policy folder's own files (rlvla3/policies/lerobot_io.py):
+"""LeRobot's normaliser read from a policy folder's own files (rlvla3/policies/pi/layout.py):
 statistics round-trip, each mode maps as LeRobot does, and a missing piece is named."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rlvla3.policies.lerobot_io import Normaliser, read_normaliser, write_normaliser
+from rlvla3.policies.pi.layout import Normaliser, read_normaliser, write_normaliser
 
 STATS = {"observation.state": {"q01": np.array([-1.0, 0.0], np.float32), "q99": np.array([1.0, 4.0], np.float32),
                                "mean": np.array([0.0, 2.0], np.float32), "std": np.array([0.5, 1.0], np.float32)},

@@ -1,5 +1,5 @@
 """What fits a published-size Trainer on one GPU: LoRA adapters over a frozen bfloat16 base,
-gradient checkpointing, and the footprint measured on the meta device (policies/footprint.py).
+gradient checkpointing, and the footprint measured on the meta device (benchmarks/footprint.py).
 
 - LoRA starts as the pretrained model (B = 0) and trains adapters and heads only; only those
   are published to Generators (the OFT engine test checks the frozen base ends the run as loaded);
@@ -13,9 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlvla3.benchmarks import footprint
 from rlvla3.cluster.compose import compose
-from rlvla3.policies import checkpointed_layers, footprint, make_policy, openvla_oft
+from rlvla3.policies import checkpointed_layers, make_policy
 from rlvla3.policies.lora import LoRALinear, trainable
+from rlvla3.policies.openvla import oft as openvla_oft
 from rlvla3.world import spec
 from tests.conftest import TOY
 

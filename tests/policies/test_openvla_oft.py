@@ -12,8 +12,10 @@ import torch
 
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError, PolicyConfig
-from rlvla3.policies import make_policy, openvla_oft, prismatic, sample_layout
-from rlvla3.policies.prompts import OpenVLAPrompt
+from rlvla3.policies import make_policy, sample_layout
+from rlvla3.policies.openvla import oft as openvla_oft
+from rlvla3.policies.openvla import prismatic
+from rlvla3.policies.openvla.layout import OpenVLAPrompt
 from rlvla3.world import Spec, validate
 from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 

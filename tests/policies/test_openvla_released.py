@@ -11,8 +11,9 @@ import torch
 
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError, PolicyConfig
-from rlvla3.policies import make_policy, prismatic, sample_layout
-from rlvla3.policies.prompts import OpenVLAPrompt
+from rlvla3.policies import make_policy, sample_layout
+from rlvla3.policies.openvla import prismatic
+from rlvla3.policies.openvla.layout import OpenVLAPrompt
 from rlvla3.world import Spec, validate
 from tests.conftest import LOGP_CHECK, TOY, check_every_shard_consumed_once, needs_mpi, run_logprob_check
 

@@ -11,18 +11,18 @@ import torch
 
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
-from rlvla3.policies import make_policy, pi05
-from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
-from rlvla3.policies.prompts import (
+from rlvla3.policies import make_policy
+from rlvla3.policies.pi import pi05
+from rlvla3.policies.pi.layout import (
     WORD_MARK,
     HashedPi05Prompt,
+    Normaliser,
     Pi05Prompt,
     hashed_pi05_min_length,
-    hashed_words,
-    instruction_encoder,
     pi05_words,
-    write_tiny_tokenizer,
+    write_normaliser,
 )
+from rlvla3.policies.prompts import hashed_words, instruction_encoder, write_tiny_tokenizer
 from rlvla3.world import derive, spec, validate
 from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 

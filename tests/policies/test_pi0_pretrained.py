@@ -12,8 +12,8 @@ from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
 from rlvla3.engine import shards
 from rlvla3.policies import make_policy
-from rlvla3.policies.lerobot_io import Normaliser, write_normaliser
-from rlvla3.policies.prompts import Pi0Prompt, write_tiny_tokenizer
+from rlvla3.policies.pi.layout import Normaliser, Pi0Prompt, write_normaliser
+from rlvla3.policies.prompts import write_tiny_tokenizer
 from rlvla3.world import spec, validate
 from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
 

@@ -1,4 +1,4 @@
-"""The published OpenVLA layout (rlvla3/policies/prismatic.py): a tiny checkpoint written under the
+"""The published OpenVLA layout (rlvla3/policies/openvla/prismatic.py): a tiny checkpoint written under the
 released folder's file, config and tensor names loads back exactly; a folder that differs fails
 naming the tensor; openvla-7b's published configuration has the published parameter count (meta
 device, no memory); OpenVLA's action tokens and un-normalisation round-trip."""
@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from rlvla3.policies import prismatic as pz
-from rlvla3.policies.prompts import openvla_prompt
+from rlvla3.policies.openvla import prismatic as pz
+from rlvla3.policies.openvla.layout import openvla_prompt
 
 STATS = {"libero_spatial_no_noops": {"action": {"q01": [-0.5] * 6 + [-1.0], "q99": [0.7] * 6 + [1.0],
                                                 "mask": [True] * 6 + [False]}}}

@@ -2,7 +2,7 @@
 published parameter count. OpenVLA-7B: tests/policies/test_prismatic.py (the released folder's layout)."""
 from __future__ import annotations
 
-from rlvla3.policies.pi0 import published_pi0
+from rlvla3.policies.pi.pi0 import published_pi0
 
 
 def test_pi0_published_configuration_is_3_5_billion_parameters_without_memory():
@@ -17,7 +17,7 @@ def test_pi0_published_configuration_is_3_5_billion_parameters_without_memory():
 
 def test_pi05_published_configuration_is_lerobots_812_tensors_and_3_6_billion_parameters():
     """docs/layouts/pi05-base.md counted lerobot/pi05_base from LeRobot's own module tree."""
-    from rlvla3.policies.pi05 import PUBLISHED_PARAMS, lerobot_name, published_pi05
+    from rlvla3.policies.pi.pi05 import PUBLISHED_PARAMS, lerobot_name, published_pi05
 
     model = published_pi05()
     assert all(p.is_meta for p in model.parameters())
@@ -37,7 +37,7 @@ def test_openvla_oft_modules_at_the_published_size():
     """OFT's LIBERO head (MLP-ResNet over 7 x 4096 hidden states) and proprio projector (8 -> 4096)."""
     import torch
 
-    from rlvla3.policies.openvla_oft import ActionHead, ProprioProjector
+    from rlvla3.policies.openvla.oft import ActionHead, ProprioProjector
 
     with torch.device("meta"):
         head, proj = ActionHead(4096, 7), ProprioProjector(4096, 8)

@@ -33,7 +33,7 @@ def tiny_overrides(name: str, tmp_path) -> list[str]:
     if cfg.algo.name in ("grpo", "raft"):   # whole episodes a segment: two chunks long
         over += [f"env.horizon={2 * cfg.policy.chunk}"]
     if cfg.policy.name == "openvla_oft":    # no random-init form: a tiny folder in the released layout
-        from rlvla3.tools.bench import tiny_released_folder
+        from rlvla3.benchmarks.families import tiny_released_folder
 
         folder = tiny_released_folder(compose([f"+experiment={name}", *over]), oft=True, folder=str(tmp_path / "oft"))
         over += [f"policy.pretrained={folder}"]

@@ -97,7 +97,7 @@ PAIRED = {"env=toy": "+experiment=toy", "policy=tiny_toy": "+experiment=toy", "a
 def test_every_config_file_composes_and_validates(choice, tmp_path):
     over = ["+experiment=toy_grpo", "algo=raft"] if choice == "algo=raft" else [PAIRED.get(choice, choice)]
     if choice == "policy=openvla_oft":   # it needs the user's released folder: a tiny one in the released layout
-        from rlvla3.tools.bench import tiny_released_folder
+        from rlvla3.benchmarks.families import tiny_released_folder
 
         over.append(f"policy.pretrained={tiny_released_folder(compose(over), oft=True, folder=str(tmp_path / 'oft'))}")
     derive(compose(over))
@@ -108,7 +108,7 @@ def test_every_experiment_composes_and_validates(name, tmp_path):
     # An experiment is a recipe users run as-is (README): a batch size that no longer divides
     # its segments must fail here, not minutes into a run. openvla_oft has no random-init form:
     # its preset validates with a tiny released folder for the env's dims.
-    from rlvla3.tools.bench import tiny_released_folder
+    from rlvla3.benchmarks.families import tiny_released_folder
 
     over = [f"+experiment={name}"]
     if compose(over).policy.name == "openvla_oft":

@@ -18,37 +18,15 @@ The value head reads the LM's last hidden state at the proprio token (the end of
 
 This class is the family random-initialised from `policy` sizes (RL from scratch, tests,
 benchmarks; instruction ids are the project's hashed words). `policy.pretrained` loads a released
-OpenVLA folder instead (`openvla_released.ReleasedOpenVLA`: the same decoding over the published
+OpenVLA folder instead (`released.ReleasedOpenVLA`: the same decoding over the published
 Prismatic model, its tokenizer, action ids and un-normalisation).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from .base import TokenPolicy, gumbel_argmax, token_logp_entropy
-
-
-def require_checkpoint(path: Path, what: str) -> Path:
-    """A local checkpoint directory, or a clear error saying which file is missing."""
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"policy.pretrained: no {what} checkpoint at {path} (expected {path}/config.json and "
-                                f"its weights, e.g. model.safetensors, saved by transformers' save_pretrained); "
-                                f"nothing is downloaded at run time")
-    return path
-
-
-def load_strict(cls, path: Path, what: str):
-    """`cls.from_pretrained(path)` that fails listing every missing, unexpected or misshapen tensor
-    (transformers only reports them and initialises the missing ones at random)."""
-    model, info = cls.from_pretrained(require_checkpoint(path, what), local_files_only=True, output_loading_info=True)
-    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
-    if any(bad.values()):
-        raise ValueError(f"policy.pretrained: the {what} checkpoint at {path} does not match its config: "
-                         + "; ".join(f"{k.replace('_', ' ')} {v[:8]}{' ...' if len(v) > 8 else ''}" for k, v in bad.items() if v))
-    return model
+from ..base import TokenPolicy, gumbel_argmax, token_logp_entropy
 
 
 def end_of_prefix(mask: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ import numpy as np
 from ..cluster.compose import compose
 from ..cluster.local import run_local
 from ..engine.metrics import read_spans, read_summaries
+from .common import save_rows
 
 WORKLOAD = ["env=emulated", "env.num_envs={envs}", "env.step_ms={step_ms}", "env.step_sigma=0", "env.reset_ms=1",
             "env.horizon=100000", "policy=emulated", "policy.infer_fixed_ms=0", "policy.infer_per_sample_ms=0",
@@ -93,7 +94,7 @@ def measure(run: Path, overrides: list[str], timeout: float) -> dict:
             "p99_ms": float(np.percentile(overhead, 99)), "infer_ms": float(infer * 1e3), "cpu": cpu_share(run)}
 
 
-def latency_bench(a) -> list[dict]:
+def run(a) -> int:
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-latency-"))
     wakes = a.wakes.split(",")
     bad = [w for w in wakes if w not in WAKE_ROWS]
@@ -123,7 +124,8 @@ def latency_bench(a) -> list[dict]:
         print(f"{'floor':9s} {r['wake']:14s} {r['step_ms']:7.1f} {r['requests']:8d} {r['p50_ms']:7.3f} {r['p99_ms']:7.3f} "
               f"{0:8.3f}  (two bare processes, no engine)", flush=True)
     print(f"run folders: {root}")
-    return rows
+    save_rows(a.out, "latency.json", rows)
+    return 0
 
 
 def floor_rows(a) -> list[dict]:
@@ -132,7 +134,7 @@ def floor_rows(a) -> list[dict]:
 
     rows = []
     for how in ("doorbell", "spin"):
-        cmd = ["mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "mpi4py", "-m", "rlvla3.tools.bench_latency",
+        cmd = ["mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "mpi4py", "-m", "rlvla3.benchmarks.latency",
                how, str(a.requests), str(a.step_ms or TOPOLOGIES["1+1"][2])]
         if os.geteuid() == 0:
             cmd.insert(1, "--allow-run-as-root")

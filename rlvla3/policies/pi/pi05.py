@@ -9,7 +9,7 @@ What differs from π0, and is built here on transformers' PI0 modules:
   gates do not fit transformers' Gemma layer), reading the prefix's KV cache as π0's do;
 - the action tokens are action_in_proj(x_t) alone (no state token, no [action, time] MLP);
 - the state reaches the model only as text: the Simulator writes it, normalised and cut into 256
-  bins, into the prompt "Task: ..., State: ...;\\nAction: " (prompts.Pi05Prompt); with
+  bins, into the prompt "Task: ..., State: ...;\\nAction: " (pi.layout.Pi05Prompt); with
   policy.discrete_state_input=false it reaches it nowhere (the prompt is the task alone).
 The prefix (PaliGemma over images and prompt) is transformers' PI0Model's, as the `pi0` family runs it.
 
@@ -216,7 +216,7 @@ def published_pi05(device: str | torch.device = "meta") -> Pi05Model:
 class Pi05Flow(Pi0Flow):
     @staticmethod
     def reads_state(pcfg) -> bool:
-        return pcfg.discrete_state_input   # as prompt text only (prompts.Pi05Prompt normalises it)
+        return pcfg.discrete_state_input   # as prompt text only (pi.layout.Pi05Prompt normalises it)
 
     def build(self, pcfg, spec):
         if pcfg.pretrained:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .prompts import load_tokenizer, tokenizer_folder
+from ..prompts import CheckpointPrompt, load_tokenizer, tokenizer_folder, write_tiny_tokenizer
 
 FILES = ("config.json", "preprocessor_config.json")
 
@@ -108,3 +108,48 @@ def check(pcfg, action_dim: int, proprio_dim: int) -> None:
     if pcfg.name == "openvla" and cfg.get("n_action_bins", 256) != pcfg.action_bins:   # OFT's head needs no bins
         raise ValueError(f"policy.action_bins={pcfg.action_bins}, but {folder}/config.json has n_action_bins="
                          f"{cfg.get('n_action_bins')}: set policy.action_bins={cfg.get('n_action_bins')}")
+
+
+# OpenVLA's prompt; the training data put SentencePiece's space token (29871) between it and the
+# action tokens, and the model expects it there.
+OPENVLA_PROMPT = "In: What action should the robot take to {instruction}?\nOut:"
+OPENVLA_SPACE_TOKEN = 29871
+
+
+def openvla_prompt(instruction: str) -> str:
+    """OpenVLA's prompt (its training lower-cased the instruction)."""
+    return OPENVLA_PROMPT.format(instruction=instruction.lower().strip())
+
+
+class OpenVLAPrompt(CheckpointPrompt):
+    """The released OpenVLA's: BOS, the prompt, token 29871."""
+
+    bos_token = "<s>"
+
+    def ids(self, instruction: str) -> list[int]:
+        return [self.bos, *self.text_ids(openvla_prompt(instruction)), OPENVLA_SPACE_TOKEN]
+
+
+def is_released_openvla(pcfg) -> bool:
+    """policy=openvla or openvla_oft with policy.pretrained: a released OpenVLA (or OFT) folder,
+    the only layout these families load."""
+    return pcfg.name in ("openvla", "openvla_oft") and bool(pcfg.pretrained)
+
+
+def encoder(pcfg):
+    """The released checkpoint's prompt; None for the random-initialised family (hashed words)."""
+    return OpenVLAPrompt(tokenizer_folder(pcfg), pcfg.instruction_len) if is_released_openvla(pcfg) else None
+
+
+def write_llama_style_tokenizer(folder: str | Path) -> None:
+    """The tokenizer files of a released OpenVLA folder, tiny (added_tokens.json {"<PAD>": 32000})."""
+    import json
+
+    write_tiny_tokenizer(folder, "llama")
+    folder = Path(folder)
+    (folder / "added_tokens.json").write_text(json.dumps({"<PAD>": 32000}))
+    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                                                                "pad_token": "<PAD>"}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer", "add_bos_token": True,
+                                                              "add_eos_token": False, "model_max_length": 2048,
+                                                              "padding_side": "right"}))

@@ -17,9 +17,9 @@ mean of the prefix's last hidden states (valid positions).
 
 Random-initialised from `policy` sizes, or `policy.pretrained`: a local PI0 folder (transformers'
 or LeRobot's layout; chunk size, action and state dims must fit this env); nothing is downloaded.
-A LeRobot folder's normaliser (policy_{pre,post}processor.json + their statistics: lerobot_io)
+A LeRobot folder's normaliser (policy_{pre,post}processor.json + their statistics: layout.py)
 normalises the proprio before the model and un-normalises the executed chunk; the instruction is
-encoded by the Simulator with PaliGemma's tokenizer (prompts.Pi0Prompt, policy.tokenizer).
+encoded by the Simulator with PaliGemma's tokenizer (pi.layout.Pi0Prompt, policy.tokenizer).
 """
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .base import Policy
-from .openvla import load_strict
+from ..base import Policy, load_strict
 
 LOG_STD_RANGE = (math.log(0.01), 0.0)
 
@@ -67,7 +66,7 @@ def folder_normaliser(folder: str, spec, state: bool = True) -> tuple[tuple[np.n
     """(scale, shift) of the proprio's normalisation and of the actions' (normalised = x * scale +
     shift) from a LeRobot folder's processor pipelines; identity for a folder without them, and
     for the proprio of a model with no state token (`state` false: its statistics are not read)."""
-    from .lerobot_io import read_normaliser
+    from .layout import read_normaliser
 
     identity = lambda d: (np.ones(d, np.float32), np.zeros(d, np.float32))  # noqa: E731
     if not folder or not (Path(folder) / "policy_preprocessor.json").is_file():
@@ -85,7 +84,7 @@ class Pi0Flow(Policy):
 
     def __init__(self, pcfg, spec, published: bool = False):
         """published: the published configuration, random, no folder read, on the default device
-        (meta: the Trainer's memory footprint, policies/footprint.py)."""
+        (meta: the Trainer's memory footprint, benchmarks/footprint.py)."""
         super().__init__()
         torch.manual_seed(pcfg.init_seed)
         self.chunk, self.action_dim, self.steps = spec.chunk, spec.action_dim, pcfg.denoise_steps

@@ -1,6 +1,7 @@
-"""The weight-sync benchmark's MPI job (`python -m rlvla3.bench weights` starts it through mpiexec).
+"""`python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`: publish cost vs
+parameter and Generator count (`run`, which starts the MPI job of this module through mpiexec).
 
-Rank 0 plays Trainer 0 and publishes over the engine's own WEIGHTS_BUF edges (engine/weights.py:
+The MPI job: rank 0 plays Trainer 0 and publishes over the engine's own WEIGHTS_BUF edges (engine/weights.py:
 buckets, optional bfloat16 wire, the relay tree of world.relay_tree with the given fanout);
 every other rank plays a Generator, receives from its parent, forwards to its children, decodes,
 checks each value against the formula the publisher used and acknowledges on a benchmark-only
@@ -9,6 +10,7 @@ edge. A publish is timed from the start of encoding to the last Generator's ackn
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -20,6 +22,74 @@ from ..engine.protocol import Tag
 from ..engine.transport import MpiLink, Transport
 from ..engine.wiring import EDGES, Edge, Wiring
 from ..world import relay_tree
+from .common import save_rows
+
+
+def run(a) -> int:
+    """Publish cost (encode, bucketed MPI transfer to every Generator, decode) vs parameter count
+    and Generator count, one mpiexec job per Generator count (the MPI job below)."""
+    import subprocess
+
+    from ..cluster.local import mpi_env
+
+    rows = []
+    print(f"{'params':>10s} {'gens':>5s} {'fanout':>6s} {'wire':9s} {'MiB/gen':>8s} {'seconds':>8s} {'GB/s in':>8s} "
+          f"{'max rel err':>11s}")
+    for g, fanout in ((int(x), int(f)) for x in a.generators.split(",") for f in a.fanouts.split(",")):
+        if g == 1 and fanout != int(a.fanouts.split(",")[0]):
+            continue   # one Generator: every fanout is the same single send
+        cmd = ["mpiexec", "--oversubscribe", "-n", str(g + 1), sys.executable, "-m", "mpi4py", "-m", "rlvla3.benchmarks.weights",
+               a.params, a.dtypes, str(a.bucket_mb), "3", str(fanout)]
+        if os.geteuid() == 0:
+            cmd.insert(1, "--allow-run-as-root")
+        out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"weights bench with {g} Generators failed:\n{out.stderr[-3000:]}")
+        for line in out.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.append(r)
+                gbps = r["bytes_per_generator"] * r["generators"] / r["seconds"] / 1e9
+                print(f"{r['params']:10.0e} {r['generators']:5d} {r['fanout']:6d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
+                      f"{r['seconds']:8.3f} {gbps:8.2f} {r['max_rel_error']:11.2e}", flush=True)
+    print(broadcast_check(rows, a.bucket_mb))
+    save_rows(a.out, "weights.json", rows)
+    return 0
+
+
+def broadcast_check(rows: list[dict], bucket_mb: float) -> str:
+    """The planner's broadcast term (planner/network.py) against the measured publishes. Two
+    numbers of the site are fitted per size and wire, the rest predicted: the link bandwidth from
+    the 1-Generator publish (bytes / seconds), and the bisection (how much all copies together
+    move: on one node each copy takes a core) from the smallest flat (fanout 0) publish to several
+    Generators, marked. On one node a flat publish is pulled by its receivers in parallel (no
+    sender NIC), which the model, written for a cluster, does not have."""
+    import dataclasses
+
+    from ..cluster.compose import CONF_DIR
+    from ..planner.network import broadcast_ms
+    from ..planner.profile import load_profile
+
+    base = load_profile(CONF_DIR / "profile/emulated_validation.yaml")
+    lines = ["planner broadcast model (link bandwidth from the 1-Generator row, bisection from the first flat row):",
+             f"{'params':>10s} {'gens':>5s} {'fanout':>6s} {'wire':9s} {'measured s':>10s} {'model s':>8s} {'error':>7s}"]
+    for key in dict.fromkeys((r["params"], r["dtype"]) for r in rows):
+        same = [r for r in rows if (r["params"], r["dtype"]) == key]
+        one = next((r for r in same if r["generators"] == 1), None)
+        flat = min((r for r in same if r["generators"] > 1 and r["fanout"] == 0), key=lambda r: r["generators"], default=None)
+        if one is None or flat is None:
+            continue
+        size = one["bytes_per_generator"]
+        prof = dataclasses.replace(base, weights_mb=size / 1e6, net_gbps=size / one["seconds"] / 1e9,
+                                   net_bisection_gbps=flat["generators"] * size / flat["seconds"] / 1e9)
+        for r in same:
+            if r["generators"] == 1:
+                continue
+            r["model_seconds"] = broadcast_ms(prof, r["generators"], r["fanout"], bucket_mb * 2**20 / 1e6) / 1e3
+            mark = "   (bisection fitted here)" if r is flat else ""
+            lines.append(f"{r['params']:10.0e} {r['generators']:5d} {r['fanout']:6d} {r['dtype']:9s} {r['seconds']:10.3f} "
+                         f"{r['model_seconds']:8.3f} {r['model_seconds'] / r['seconds'] - 1:+7.0%}{mark}")
+    return "\n".join(lines)
 
 BENCH_ACK = 98   # a tag of this benchmark only: a Generator decoded the whole buffer
 

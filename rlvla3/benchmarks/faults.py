@@ -373,7 +373,7 @@ def report(outcomes: list[Outcome], resumes: list[dict], republish: Counter, aud
     return "\n".join(lines), ok
 
 
-def faults_bench(a) -> int:
+def run(a) -> int:
     rng = random.Random(a.seed)
     root = Path(a.out or tempfile.mkdtemp(prefix="rlvla3-faults-"))
     run, logs = root / "run", root / "logs"

@@ -18,10 +18,11 @@ from ..config import OBS_COMPRESSIONS
 from ..engine.obs_compression import ObsWire
 from ..engine.protocol import obs_codec
 from ..world import spec
-from .bench_shards import rendered_images
+from .common import save_rows
+from .shards import rendered_images
 
 
-def obs_bench(a) -> list[dict]:
+def run(a) -> int:
     from ..cluster.compose import compose
 
     cfg = compose(["env=robosuite_lift", "env.image_size=128", "env.cameras=[agentview,robot0_eye_in_hand]",
@@ -64,4 +65,5 @@ def obs_bench(a) -> list[dict]:
         rows.append({"mode": mode, "raw_kb": buf.nbytes / 1e3, "wire_kb": kb, "encode_ms": e, "decode_ms": d,
                      "pays_below_mb_per_s": pays})
         print(f"{mode:10s} {kb:10.1f} {kb / (buf.nbytes / 1e3):7.0%} {e:9.2f} {d:9.2f} {pays:15.0f}", flush=True)
-    return rows
+    save_rows(a.out, "obs.json", rows)
+    return 0

@@ -47,7 +47,7 @@ class Footprint:
 def published_policy(cfg, spec):
     """The family of `cfg` at its published configuration on the meta device, with cfg's LoRA
     but no checkpointing wrappers (the measurement accounts for them), in training mode."""
-    from . import make_policy
+    from ..policies import make_policy
 
     plain = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, grad_checkpointing=False))
     with torch.device("meta"):
@@ -59,7 +59,7 @@ def footprint_of(policy, spec, micro_batch: int, copies: int) -> Footprint:
     """The footprint of training `policy` (built without checkpointing wrappers, on whatever
     device) on micro-batches of `micro_batch` rows, with `copies` frozen copies of the trainable
     weights (π_prox: 1 in async mode or for V-trace; +1 with a KL reference)."""
-    from . import checkpointed_layers
+    from ..policies import checkpointed_layers
 
     params = list(policy.parameters())
     trainable = sum(p.numel() for p in params if p.requires_grad)

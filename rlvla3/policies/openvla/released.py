@@ -4,7 +4,7 @@ decoded as the family decodes (openvla.OpenVLA: autoregressive as released, or p
 queries as OpenVLA-OFT fine-tunes it), with the checkpoint's own inputs and outputs:
 
 - instruction: the folder's tokenizer and OpenVLA's prompt, encoded by the Simulator
-  (prompts.OpenVLAPrompt): [BOS, prompt ..., 29871, padding];
+  (openvla.layout.OpenVLAPrompt): [BOS, prompt ..., 29871, padding];
 - images: each camera resized and normalised per tower (preprocessor_config.json; LIBERO frames
   arrive already turned 180 degrees, as OpenVLA's LIBERO fine-tunes saw them), its patches
   spliced in after BOS as Prismatic does; the proprio is not an input (OpenVLA has none);
@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import openvla_folder, prismatic
-from .base import TokenPolicy
-from .openvla import OpenVLA
+from ..base import TokenPolicy
+from . import prismatic
+from .layout import action_stats, gripper_to_dataset, gripper_to_env, norm_stats, unit_bounds
+from .layout import check as check_folder
+from .model import OpenVLA
 
 
 class ReleasedOpenVLA(OpenVLA):
@@ -35,18 +37,18 @@ class ReleasedOpenVLA(OpenVLA):
 
     def __init__(self, pcfg, spec, published: bool = False):
         """published: openvla-7b's configuration, random, no folder read, on the default device
-        (meta: the Trainer's memory footprint, policies/footprint.py)."""
+        (meta: the Trainer's memory footprint, benchmarks/footprint.py)."""
         TokenPolicy.__init__(self)   # the modules come from the folder, not from `policy` sizes
         torch.manual_seed(pcfg.init_seed)
         if published:
             self.vla, self.pre = prismatic.published_model(torch.get_default_device()), prismatic.PREPROCESSOR
-            self.stats = openvla_folder.unit_bounds(spec.action_dim)
+            self.stats = unit_bounds(spec.action_dim)
         else:
             folder = Path(pcfg.pretrained)
-            openvla_folder.check(pcfg, spec.action_dim, spec.proprio_dim)
+            check_folder(pcfg, spec.action_dim, spec.proprio_dim)
             self.vla, cfg = prismatic.load_folder(folder)
             self.pre = prismatic.read_preprocessor(folder)
-            self.stats = openvla_folder.action_stats(openvla_folder.norm_stats(folder, cfg), pcfg.unnorm_key, spec.action_dim)
+            self.stats = action_stats(norm_stats(folder, cfg), pcfg.unnorm_key, spec.action_dim)
         self.crop = pcfg.image_crop
         self.action_bins, self.action_dim, self.chunk = pcfg.action_bins, spec.action_dim, spec.chunk
         self.n_act = spec.chunk * spec.action_dim
@@ -76,7 +78,7 @@ class ReleasedOpenVLA(OpenVLA):
         tokens = prismatic.LLAMA_VOCAB - 1 - torch.from_numpy(np.asarray(sample)).long()
         a = prismatic.tokens_to_actions(tokens.reshape(-1, self.action_dim), self.stats, self.action_bins).numpy()
         gripper = ~np.asarray(self.stats["mask"], bool)
-        a[:, gripper] = openvla_folder.gripper_to_env(a[:, gripper])
+        a[:, gripper] = gripper_to_env(a[:, gripper])
         return np.clip(a, -1.0, 1.0).astype(np.float32).reshape(-1, self.chunk, self.action_dim)
 
     def expert_sample(self, layout, actions: np.ndarray, bins: int) -> np.ndarray:
@@ -84,6 +86,6 @@ class ReleasedOpenVLA(OpenVLA):
         bins of the q01/q99-normalised action (bin b is LM token 31999 - b)."""
         a = np.asarray(actions, np.float32).reshape(-1, self.action_dim).copy()
         gripper = ~np.asarray(self.stats["mask"], bool)
-        a[:, gripper] = openvla_folder.gripper_to_dataset(a[:, gripper])
+        a[:, gripper] = gripper_to_dataset(a[:, gripper])
         tokens = prismatic.actions_to_tokens(torch.from_numpy(a), self.stats, self.action_bins).numpy()
         return (prismatic.LLAMA_VOCAB - 1 - tokens).astype(layout.dtype).reshape(-1, *layout.shape)

@@ -14,10 +14,13 @@ Layout notes: docs/layouts/pi05-base.md.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from ..prompts import CheckpointPrompt, blind_encoder, hashed_words, tokenizer_folder
 
 STEPS = {"policy_preprocessor": "normalizer_processor", "policy_postprocessor": "unnormalizer_processor"}
 MODES = ("IDENTITY", "MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10")
@@ -123,3 +126,111 @@ def write_normaliser(folder: str | Path, norm: Normaliser, pipeline: str = "poli
         step["state_file"] = state_file
     others = [{"registry_name": f"step_{i}", "config": {}} for i in range(index)]
     (folder / f"{pipeline}.json").write_text(json.dumps({"name": pipeline, "steps": [*others, step]}, indent=1))
+
+
+class Pi0Prompt(CheckpointPrompt):
+    """π0's (openpi's tokenizer, which LeRobot's π0 follows): BOS, the cleaned instruction, then
+    "\n" (PaliGemma's tokenizer; the model's prompt holds up to tokenizer_max_length 48)."""
+
+    bos_token = "<bos>"
+
+    def ids(self, instruction: str) -> list[int]:
+        text = instruction.strip().replace("_", " ").replace("\n", " ")
+        return [self.bos, *self.text_ids(text), *self.text_ids("\n")]
+
+
+def pi05_text(instruction: str, state: np.ndarray | None) -> str:
+    """π0.5's prompt text for a normalised state: each value cut into one of 256 bins of [-1, 1].
+    Without a state (SFT's --state-dropout, policy.discrete_state_input=false), the task alone."""
+    text = instruction.strip().replace("_", " ").replace("\n", " ")
+    if state is None:
+        return f"Task: {text};\nAction: "
+    bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
+    return f"Task: {text}, State: {' '.join(map(str, bins))};\nAction: "
+
+
+# SentencePiece's word mark: PaliGemma's tokenizer writes " 130" as the mark and one piece per digit.
+WORD_MARK = "\u2581"
+
+
+def pi05_words(text: str) -> list[str]:
+    """π0.5's prompt text as the words a random-initialised π0.5 embeds: a word holding a number
+    becomes the word mark and its digits (and any other characters) one by one, as PaliGemma's
+    tokenizer (split_digits) writes it. A whole bin as one word would be 256 words of which a few
+    demonstrations train a handful: a state a few millimetres outside them would read as untrained
+    embeddings (docs/results/libero.md); ten digits are all trained by any state."""
+    words = []
+    for w in text.split():
+        words += [WORD_MARK, *re.findall(r"\d|\D+", w)] if any(c.isdigit() for c in w) else [w]
+    return words
+
+
+def hashed_pi05_min_length(proprio_dim: int) -> int:
+    """The shortest policy.instruction_len a HashedPi05Prompt can hold whatever the state: "Task:",
+    one instruction word, "State:", up to 4 words per value (the mark and 3 digits, or the mark,
+    "-" and "1"), the ";" split off the last, "Action:" and the end id."""
+    return 4 * proprio_dim + 6
+
+
+class HashedPi05Prompt:
+    """A random-initialised π0.5's prompt: π0.5's text, state included, as the project's hashed
+    words (no tokenizer, no statistics: the raw proprio is binned; LIBERO's end-effector position
+    spans 20-70 bins, its gripper a few). Without it the state would reach the model nowhere
+    (π0.5 has no state token). Numbers are split into digits as PaliGemma's tokenizer splits them
+    (pi05_words): a bin no demonstration reached still reads as trained words. A prompt longer
+    than `length` fails, naming policy.instruction_len, instead of losing the state at its end."""
+
+    reads_state = True
+
+    def __init__(self, length: int, vocab: int):
+        self.length, self.vocab = length, vocab
+
+    def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:
+        words = pi05_words(pi05_text(instruction, None if state is None else np.asarray(state, np.float32)))
+        if len(words) >= self.length:   # hashed_words keeps length - 1 words and the end id
+            raise ValueError(f"policy.instruction_len={self.length} cuts π0.5's prompt of {len(words)} words "
+                             f"({' '.join(words)!r}): give at least {len(words) + 1}")
+        return hashed_words(" ".join(words), self.length, self.vocab)
+
+
+class Pi05Prompt(CheckpointPrompt):
+    """π0.5's: BOS, "Task: {instruction}, State: {bins};\nAction: ", where the proprio is normalised
+    with the folder's state statistics (LeRobot's normaliser: quantiles) and cut into 256 bins of
+    [-1, 1] (below -1: bin -1, above 1: bin 256, unclipped, as openpi does). It reads the state, so
+    it is encoded at every step, not once per instruction. `checkpoint` None: the task alone, no
+    statistics read (policy.discrete_state_input=false: a base checkpoint carries none)."""
+
+    bos_token = "<bos>"
+    reads_state = True
+
+    def __init__(self, folder: Path, length: int, checkpoint: str | Path | None):
+        super().__init__(folder, length)
+        self.norm = None
+        if checkpoint is not None:
+            self.norm = read_normaliser(checkpoint)
+            self.norm.affine("observation.state")   # a base checkpoint without statistics fails here, naming them
+
+    def ids(self, instruction: str, state: np.ndarray | None = None) -> list[int]:
+        if state is not None and self.norm is None:
+            raise ValueError("this π0.5 prompt was built without the checkpoint's state statistics "
+                             "(policy.discrete_state_input=false): it writes no state")
+        s = None if state is None else self.norm.normalise("observation.state", np.asarray(state, np.float32))
+        return [self.bos, *self.text_ids(pi05_text(instruction, s))]
+
+    def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:
+        return self.padded(self.ids(instruction, state), instruction)
+
+
+def pi0_encoder(pcfg):
+    """A released π0's prompt; None at random init (hashed words)."""
+    return Pi0Prompt(tokenizer_folder(pcfg), pcfg.instruction_len) if pcfg.pretrained else None
+
+
+def pi05_encoder(pcfg):
+    """π0.5's prompt, the state written into it unless policy.discrete_state_input=false."""
+    if pcfg.pretrained:
+        stats = pcfg.pretrained if pcfg.discrete_state_input else None   # the state's, needed only to write it
+        encode = Pi05Prompt(tokenizer_folder(pcfg), pcfg.instruction_len, stats)
+    else:
+        encode = HashedPi05Prompt(pcfg.instruction_len, pcfg.vocab)
+    return encode if pcfg.discrete_state_input else blind_encoder(encode)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import openvla_folder
+from . import layout
 
 TOWERS = {   # timm id -> the tower's kind and what its tensors cannot tell: heads, registers
     "vit_large_patch14_reg4_dinov2.lvd142m": {"kind": "dinov2", "heads": 16, "registers": 4},
@@ -70,7 +70,7 @@ def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def read_config(folder: Path) -> dict:
-    cfg = openvla_folder.read_config(folder)
+    cfg = layout.read_config(folder)
     ids = cfg.get("timm_model_ids")
     if not ids or any(i not in TOWERS for i in ids):
         raise LayoutError(f"{folder}/config.json: timm_model_ids={ids}: expected Prismatic towers among {sorted(TOWERS)}")
@@ -323,7 +323,7 @@ def tiny_model(seed: int = 0) -> Prismatic:
 
 def write_tiny_folder(folder: str | Path, norm_stats: dict, seed: int = 0) -> Prismatic:
     """A released-layout OpenVLA folder at TINY sizes, with a Llama-style tokenizer.json."""
-    from .prompts import write_llama_style_tokenizer
+    from .layout import write_llama_style_tokenizer
 
     model = tiny_model(seed)
     save_folder(model, folder, openvla_config(dict(TINY["llama"], model_type="llama"), norm_stats))

@@ -19,7 +19,7 @@ normalised chunk; log pi = sum of K*D Gaussian terms. V(s) is a new linear head 
 last hidden state. `to_env_action` un-normalises with the folder's action q01/q99 (where the mask
 is true) and maps the gripper as OFT's LIBERO evaluation does: +1 open (RLDS) -> -1, else +1.
 The proprio is normalised with the folder's proprio q01/q99 and clipped to [-1, 1].
-Instruction ids come from the Simulator (prompts.OpenVLAPrompt: OFT's prompt is OpenVLA's).
+Instruction ids come from the Simulator (openvla.layout.OpenVLAPrompt: OFT's prompt is OpenVLA's).
 """
 from __future__ import annotations
 
@@ -30,9 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import openvla_folder, prismatic
-from .base import Policy
-from .openvla import end_of_prefix
+from ..base import Policy
+from . import prismatic
+from .layout import bounds, dataset_entry, gripper_to_dataset, gripper_to_env, norm_stats, unit_bounds
+from .layout import check as check_folder
+from .model import end_of_prefix
 
 LOG_STD_RANGE = (math.log(0.01), 0.0)   # in the normalised action space ([-1, 1] per dim)
 EOS = 2                                 # Llama's </s>: OFT keeps it after the placeholders, as in training
@@ -107,7 +109,7 @@ class ReleasedOFT(Policy):
 
     def __init__(self, pcfg, spec, published: bool = False):
         """published: the released configuration (openvla-7b + OFT's modules), random, no folder
-        read, on the default device (meta: the Trainer's memory footprint, policies/footprint.py)."""
+        read, on the default device (meta: the Trainer's memory footprint, benchmarks/footprint.py)."""
         super().__init__()
         torch.manual_seed(pcfg.init_seed)
         self.chunk, self.action_dim, self.crop = spec.chunk, spec.action_dim, pcfg.image_crop
@@ -115,7 +117,7 @@ class ReleasedOFT(Policy):
             self.vla, self.pre = prismatic.published_model(torch.get_default_device()), prismatic.PREPROCESSOR
             d = self.vla.lm.config.hidden_size
             self.action_head, self.proprio_projector = ActionHead(d, spec.action_dim), ProprioProjector(d, spec.proprio_dim)
-            self.stats, prop = openvla_folder.unit_bounds(spec.action_dim), openvla_folder.unit_bounds(spec.proprio_dim)
+            self.stats, prop = unit_bounds(spec.action_dim), unit_bounds(spec.proprio_dim)
         else:
             self.stats, prop = self._load(pcfg, spec)
         for name, v in (("proprio_q01", prop["q01"]), ("proprio_q99", prop["q99"])):
@@ -127,7 +129,7 @@ class ReleasedOFT(Policy):
     def _load(self, pcfg, spec) -> tuple[dict, dict]:
         """The released folder's model, modules and (action, proprio) statistics."""
         folder = Path(pcfg.pretrained)
-        openvla_folder.check(pcfg, spec.action_dim, spec.proprio_dim)
+        check_folder(pcfg, spec.action_dim, spec.proprio_dim)
         self.vla, cfg = prismatic.load_folder(folder)
         self.pre = prismatic.read_preprocessor(folder)
         d = self.vla.lm.config.hidden_size
@@ -139,9 +141,9 @@ class ReleasedOFT(Policy):
         load_module(self.action_head, head_file)
         self.proprio_projector = ProprioProjector(d, spec.proprio_dim)
         load_module(self.proprio_projector, module_file(folder, "proprio_projector"))
-        key, entry = openvla_folder.dataset_entry(openvla_folder.norm_stats(folder, cfg), pcfg.unnorm_key)
-        return (openvla_folder.bounds(entry, "action", key, spec.action_dim),
-                openvla_folder.bounds(entry, "proprio", key, spec.proprio_dim))
+        key, entry = dataset_entry(norm_stats(folder, cfg), pcfg.unnorm_key)
+        return (bounds(entry, "action", key, spec.action_dim),
+                bounds(entry, "proprio", key, spec.proprio_dim))
 
     # ------------------------------------------------------------ the forward
     def _proprio(self, proprio):
@@ -209,14 +211,14 @@ class ReleasedOFT(Policy):
         a = np.asarray(sample, np.float32).reshape(-1, self.action_dim)
         q01, q99, mask = self._action_bounds()
         a = np.where(mask, 0.5 * (a + 1) * (q99 - q01 + 1e-8) + q01, a)
-        a[:, ~mask] = openvla_folder.gripper_to_env(a[:, ~mask])
+        a[:, ~mask] = gripper_to_env(a[:, ~mask])
         return np.clip(a, -1.0, 1.0).reshape(-1, self.chunk, self.action_dim).astype(np.float32)
 
     def expert_sample(self, layout, actions: np.ndarray, bins: int) -> np.ndarray:
         """Env actions -> the regressed chunk's units: q01/q99-normalised, the gripper 1 open / 0 closed."""
         a = np.asarray(actions, np.float32).reshape(-1, self.action_dim)
         q01, q99, mask = self._action_bounds()
-        x = np.where(mask, np.clip(2 * (a - q01) / (q99 - q01 + 1e-8) - 1, -1, 1), openvla_folder.gripper_to_dataset(a))
+        x = np.where(mask, np.clip(2 * (a - q01) / (q99 - q01 + 1e-8) - 1, -1, 1), gripper_to_dataset(a))
         return x.astype(np.float32).reshape(-1, *layout.shape)
 
 

@@ -1,5 +1,5 @@
 """`python -m rlvla3.bench memory`: the Trainer's GPU memory for each family at its published
-size, in each training configuration, measured on the meta device (policies/footprint.py: no
+size, in each training configuration, measured on the meta device (footprint.py: no
 weights read, nothing allocated; a few seconds per row on a CPU), and the largest micro-batch
 that fits an 80 GB and a 141 GB GPU with a 10% margin.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..cluster.compose import compose
 from ..policies.registry import PUBLISHED
+from .common import chosen_families, save_rows
 
 GPUS = {"80GB": 80e9, "141GB": 141e9}
 PUBLISHED_RUNS = {name: [f"+experiment=libero_{name}"] for name in PUBLISHED}   # each family's LIBERO preset
@@ -23,16 +24,16 @@ CONFIGS = {   # label -> overrides
 }
 
 
-def memory_bench(a, names: list[str]) -> list[dict]:
-    """Prints the table of the families `names` (of PUBLISHED_RUNS); returns its rows."""
-    from ..policies import footprint
+def run(a) -> int:
+    """The table of the families of --families (of PUBLISHED_RUNS)."""
     from ..world import spec
+    from . import footprint
 
     gb = footprint.GB
     print(f"{'family':12s} {'config':22s} {'trainable':>10s} {'frozen':>8s} {'weights':>8s} {'grad+adam':>9s} {'copies':>7s} "
           f"{'act/row':>8s} {'@mb1':>7s} {'preset':>12s} " + " ".join(f"{'mb@' + g:>9s}" for g in GPUS))
     rows = []
-    for name in names:
+    for name in chosen_families(a.families, PUBLISHED_RUNS):
         for label, over in CONFIGS.items():
             cfg = compose([*PUBLISHED_RUNS[name], *over, *a.overrides])
             one, per_row = footprint.fitted(cfg, spec(cfg), a.copies)
@@ -50,4 +51,5 @@ def memory_bench(a, names: list[str]) -> list[dict]:
                   f"{row['grads_adam_gb']:9.1f} {row['copies_gb']:7.1f} {row['act_per_row_gb']:8.2f} "
                   f"{row['total_mb1_gb']:7.1f} {preset} " + " ".join(f"{fits[g]:9d}" for g in GPUS), flush=True)
     print("GB = 1e9 bytes; mb@N: the largest micro-batch within 90% of an N GPU (0: does not fit)")
-    return rows
+    save_rows(a.out, "memory.json", rows)
+    return 0

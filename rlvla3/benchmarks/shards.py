@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import save_rows
+
 
 def rendered_images(cfg, T: int, n: int) -> np.ndarray:
     """[T, n, cams, S, S, 3] frames of robosuite Lift under random actions, env i from seed i."""
@@ -127,7 +129,7 @@ def one_kind(label: str, arrays: dict, repeats: int, root: Path) -> list[dict]:
     return rows
 
 
-def shards_bench(a) -> list[dict]:
+def run(a) -> int:
     from ..cluster.compose import compose
 
     cfg = compose(["env.image_size=128", "env.cameras=[agentview,robot0_eye_in_hand]", "env.num_envs=4", *a.overrides])
@@ -147,4 +149,5 @@ def shards_bench(a) -> list[dict]:
             print(f"{label:9s} {r['op']:18s} {r['cpu_ms']:8.1f} {r['wall_ms']:8.1f} {r['mb_per_s']:8.0f} "
                   f"{r['x_numpy']:8.2f} {r['x_numpy_cpu']:6.2f} {disk}")
     print(f"raw MB per segment: {rows[0]['raw_mb']:.1f}; x numpy = np.save's (np.load's) wall time / this one's (>= 0.8 is the target)")
-    return rows
+    save_rows(a.out, "shards.json", rows)
+    return 0
