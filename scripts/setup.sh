@@ -27,10 +27,12 @@ maniskill_log=$(mktemp)
 bash scripts/setup_maniskill.sh >"$maniskill_log" 2>&1 &
 maniskill_pid=$!
 
-python -m pip install -q "torch==2.13.0"              # the CPU build; a plain `torch` pulls CUDA
-python -m pip install -q -e ".[sim,test,analysis,vla,megatron,wandb,docs]" "hydra-core==1.3.8" "omegaconf==2.3.*" "mujoco==3.3.7"
-python -m pip install -q --no-deps "robosuite==1.5.2"  # its mink pin would force numpy<2 (zarr 3 needs >=2)
-python -m pip install -q --no-deps "metaworld==3.1.1"  # its mujoco==3.3.0 pin is stricter than needed (3.3.7 works)
+# Every version as requirements.lock pins it (scripts/lock.sh writes it): the same set on every machine.
+lock=(-c requirements.lock)
+python -m pip install -q "${lock[@]}" "torch==2.13.0"   # the CPU build; a plain `torch` pulls CUDA
+python -m pip install -q "${lock[@]}" -e ".[sim,test,analysis,vla,megatron,wandb,docs]" "hydra-core==1.3.8" "omegaconf==2.3.*" "mujoco==3.3.7"
+python -m pip install -q "${lock[@]}" --no-deps "robosuite==1.5.2"  # its mink pin would force numpy<2 (zarr 3 needs >=2)
+python -m pip install -q "${lock[@]}" --no-deps "metaworld==3.1.1"  # its mujoco==3.3.0 pin is stricter than needed (3.3.7 works)
 python - <<'PY'
 import numpy, zarr, torch, mpi4py, robosuite, metaworld, transformers, megatron.core  # noqa: F401  (fail here, not in a test)
 assert int(numpy.__version__.split(".")[0]) >= 2, numpy.__version__

@@ -1,5 +1,11 @@
-"""`hydra/launcher=rlvla3_slurm` (selected by conf/cluster/slurm_*.yaml): a `-m` sweep as one Slurm
-heterogeneous job per point.
+"""`hydra/launcher=rlvla3_slurm` (conf/config.yaml selects it for every `-m` sweep): Slurm points as
+one heterogeneous job each, submitted together; local points one after another, in this process.
+
+Why every sweep: Hydra picks the launcher from the config composed *without* the sweep's own
+overrides, so in `-m cluster=slurm_8,slurm_16` the launcher would be the default cluster's. Set
+here for all, a sweep over cluster sizes submits each point as its het job, and a local sweep
+(`-m algo.lr=1e-4,3e-4`) runs as before: each point handed to Hydra's basic launcher. A sweep that
+mixes local and Slurm points is refused before anything runs.
 
 What runs from hydra-submitit-launcher: `BaseSubmititLauncher.__init__` (the launcher's
 parameters) and `setup` (Hydra's context, config and task function), which this class inherits;
@@ -50,6 +56,13 @@ class HetSlurmLauncher(BaseSubmititLauncher):
         from rlvla3.cluster import compose, results, slurm
         from rlvla3.world import derive
 
+        on_slurm = [self.point_cluster(o) != "local" for o in job_overrides]
+        if not any(on_slurm):
+            return self.launch_here(job_overrides, initial_job_idx)
+        if not all(on_slurm):
+            local = [" ".join(o) for o, s in zip(job_overrides, on_slurm) if not s]
+            raise config.ConfigError(f"this sweep mixes Slurm points with local ones ({'; '.join(local)}): sweep "
+                                     f"cluster=local and the Slurm clusters in two commands")
         points = []
         for i, overrides in enumerate(job_overrides):
             sweep_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
@@ -102,3 +115,15 @@ class HetSlurmLauncher(BaseSubmititLauncher):
         (sweep_dir / "sweep.md").write_text(results.sweep_table(rows) + "\n")
         print(f"sweep table: {sweep_dir / 'sweep.md'}", flush=True)
         return returns
+
+    def point_cluster(self, overrides: Sequence[str]) -> str:
+        """`cluster.name` of the sweep point with these overrides."""
+        return str(self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides)).cluster.name)
+
+    def launch_here(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Local points: one after another in this process, as Hydra's own basic launcher runs a sweep."""
+        from hydra._internal.core_plugins.basic_launcher import BasicLauncher  # hydra-core is pinned (1.3.8)
+
+        basic = BasicLauncher()
+        basic.setup(hydra_context=self.hydra_context, task_function=self.task_function, config=self.config)
+        return basic.launch(job_overrides, initial_job_idx)

@@ -3,8 +3,9 @@ folder, and start every rank of the run.
 
 Config groups: env, policy, algo, mode, cluster (see conf/). `cluster=local` (the default) runs
 all ranks on this machine through mpiexec. Any other cluster submits one Slurm heterogeneous job
-(cluster/slurm.py) and waits for it; `-m` sweeps go through the project's Hydra launcher plugin
-(hydra_plugins/rlvla3_launcher), one het job per sweep point. `cluster.dry_run=true` prints the
+(cluster/slurm.py) and waits for it. Every `-m` sweep goes through the project's Hydra launcher
+plugin (hydra_plugins/rlvla3_launcher): Slurm points as one het job each, submitted together;
+local points one after another, as Hydra's basic launcher runs them. `cluster.dry_run=true` prints the
 batch file instead of submitting. A bad config fails here, before any rank starts or any job is
 submitted, with a message naming the field.
 """
@@ -45,6 +46,20 @@ def run_slurm(cfg, run_dir: Path, job_name: str = "rlvla3") -> int:
 
 
 def _main(dcfg) -> None:
+    """Hydra's task function: one run, or one point of a `-m` sweep. A run exits with its status;
+    a sweep point returns (a failed one raises), so the sweep goes on to its next point."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    rc = launch_one(dcfg)
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        sys.exit(rc)
+    if rc != 0:
+        raise RuntimeError(f"sweep point {HydraConfig.get().job.num} failed (exit {rc}); its run folder says why")
+
+
+def launch_one(dcfg) -> int:
+    """Compose, check and start one run (locally, or as a Slurm het job); its exit status."""
     from hydra.core.hydra_config import HydraConfig
 
     from .. import config, notices
@@ -64,12 +79,12 @@ def _main(dcfg) -> None:
         if cfg.cluster.dry_run:
             print(f"# dry run (cluster.dry_run=true): the batch file for {run_dir}\n")
             print(slurm.dry_run_text(cfg, run_dir))
-            sys.exit(0)
-        sys.exit(run_slurm(cfg, run_dir))
+            return 0
+        return run_slurm(cfg, run_dir)
     if cfg.cluster.dry_run:   # nothing written, nothing started: what would run
         print(f"# dry run (cluster.dry_run=true): the command for {run_dir}\n")
         print(" ".join(mpiexec_command(cfg, world.size, run_dir)))
-        sys.exit(0)
+        return 0
     with refused_config():   # the env's own packages check its task and cameras here
         cfg, world = prepare_run_dir(cfg, run_dir)   # rank 0 prints the plan table
     warn = cpu_warning(cfg, world)
@@ -86,7 +101,7 @@ def _main(dcfg) -> None:
     last = result_line(run_dir) if rc == 0 else failure_line(run_dir)
     if last:   # a failed job: the first error a rank raised, not MPI's abort banner above it
         print(last, flush=True)
-    sys.exit(rc)
+    return rc
 
 
 @contextlib.contextmanager

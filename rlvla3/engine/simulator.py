@@ -93,6 +93,34 @@ class SegmentBuffer:
         })
 
 
+@dataclass
+class FinishedSegment:
+    """A group's complete segment, as `GroupLoop.advance` hands it back: what its shard holds."""
+
+    seq: int
+    step_index: int
+    buffer: SegmentBuffer
+    bootstrap: np.ndarray
+    stats: dict
+    reset_digests: list[int] | None = None   # episodic: each env's initial observation
+    reset_seeds: list[int] | None = None     # episodic: each env's seed of the segment's episode
+
+
+@dataclass
+class RankContext:
+    """What the groups of one Simulator rank share, and all a group reads of its rank."""
+
+    cfg: RunConfig
+    world: World
+    spec: object
+    transport: object
+    metrics: object
+    encode: object           # the instruction encoder (one tokenizer per rank)
+    obs_codec: object
+    act_codec: object
+    expect_most: float       # seconds either side of a due reply (runtime.expect_spin_us)
+
+
 def segment_meta(cfg: RunConfig, world: World, g: Group, seq: int, rank: int) -> tuple[str, dict]:
     """The shard name and attributes of group `g`'s segment `seq` (rollouts and demonstrations)."""
     step = seq // world.segments_per_step
@@ -107,19 +135,20 @@ def obs_digest(images: np.ndarray, proprio: np.ndarray) -> int:
 
 
 class GroupLoop:
-    """One env group's state machine."""
+    """One env group's state machine. `advance` returns each segment as it completes; the rank
+    writes and announces it."""
 
-    def __init__(self, sim: "Simulator", g: Group, first_seq: int):
-        self.sim, self.g = sim, g
-        cfg, sp = sim.cfg, sim.spec
-        self.gen_rank = sim.world.gen_rank_of(g)
+    def __init__(self, ctx: RankContext, g: Group, first_seq: int):
+        self.ctx, self.g = ctx, g
+        cfg, sp = ctx.cfg, ctx.spec
+        self.gen_rank = ctx.world.gen_rank_of(g)
         self.env = make_vec_env(cfg, list(range(g.env_offset, g.env_offset + g.size)), cfg.seed,
-                                auto_reset=not sim.world.episodic, encode=sim.encode)
+                                auto_reset=not ctx.world.episodic, encode=ctx.encode)
         self.T = cfg.algo.segment_steps
         self.seg = SegmentBuffer.allocate(self.T, g.size, sp)
-        self.obs_buf = sim.obs_codec.alloc(g.size)
-        self.wire = obs_wire(cfg, sim.obs_codec, g.size)   # None: the buffer travels as it is
-        self.reply_buf = sim.act_codec.alloc(g.size)
+        self.obs_buf = ctx.obs_codec.alloc(g.size)
+        self.wire = obs_wire(cfg, ctx.obs_codec, g.size)   # None: the buffer travels as it is
+        self.reply_buf = ctx.act_codec.alloc(g.size)
         self.cur = {"images": None, "proprio": None, "tokens": None}
         self.cur_texts: list[str] = []               # the instructions the tokens of `cur` encode
         self.seq, self.t = first_seq, 0
@@ -129,7 +158,7 @@ class GroupLoop:
         self.t_sent = 0.0
         self.sent_at = 0.0                           # monotonic twin of t_sent
         self.round_trip = Cadence()                  # from a request to its reply
-        self.episodic = sim.world.episodic
+        self.episodic = ctx.world.episodic
         self.alive = np.ones(g.size, bool)           # episodic: envs still in their episode
         self.reset_digests: list[int] = []
         self.reset_seeds: list[int] = []     # episodic: each env's seed of the segment's episode
@@ -138,7 +167,7 @@ class GroupLoop:
 
     @property
     def step_index(self) -> int:
-        return self.seq // self.sim.world.segments_per_step
+        return self.seq // self.ctx.world.segments_per_step
 
     @property
     def position(self) -> tuple[int, int]:
@@ -146,27 +175,28 @@ class GroupLoop:
         return self.seq, self.t
 
     # ------------------------------------------------------------ transitions
-    def advance(self, may_send: bool) -> bool:
-        """Do whatever this group can do now without blocking. Returns True if it did work."""
+    def advance(self, may_send: bool) -> tuple[bool, FinishedSegment | None]:
+        """Do whatever this group can do now without blocking: (whether it did work, the segment
+        it completed, if it did)."""
         if self.state in (RESETTING, STEPPING):
             if not self.env.ready():
-                return False
-            self._on_env_result(self.env.result())
-            return True
+                return False, None
+            return True, self._on_env_result(self.env.result())
         if self.state == SEND and may_send:
             self._send_request(Kind.ACT)
-            return True
+            return True, None
         if self.state in (WAIT_ACTION, WAIT_BOOTSTRAP) and self.recv_req.Test():
             waited = time.time() - self.t_sent
             self.round_trip.observe(time.monotonic() - self.sent_at)
-            self.sim.transport.seen(self.gen_rank)
+            self.ctx.transport.seen(self.gen_rank)
+            finished = None
             if self.state == WAIT_ACTION:
                 self._on_action()
             else:
-                self._on_bootstrap()
-            self.sim.metrics.span("wait_action", self.t_sent, waited, gid=self.g.gid)   # once the envs are stepping
-            return True
-        return False
+                finished = self._on_bootstrap()
+            self.ctx.metrics.span("wait_action", self.t_sent, waited, gid=self.g.gid)   # once the envs are stepping
+            return True, finished
+        return False, None
 
     def deadline(self) -> float | None:
         return self.env.deadline() if self.state in (RESETTING, STEPPING) else None
@@ -178,28 +208,28 @@ class GroupLoop:
         """When the reply to the request out is due (monotonic window), if one is out."""
         if self.state not in (WAIT_ACTION, WAIT_BOOTSTRAP):
             return None
-        return self.round_trip.window(self.sent_at, self.sim.expect_most)
+        return self.round_trip.window(self.sent_at, self.ctx.expect_most)
 
     def _start_reset(self) -> None:
         """`World.shared_reset`: every env of the group from one seed; else each env's own seeds."""
         self.alive[:] = True
-        shared = self.sim.world.shared_reset
-        self.env.start_reset(group_seed(self.sim.cfg, self.g.gid, self.seq) if shared else None)
+        shared = self.ctx.world.shared_reset
+        self.env.start_reset(group_seed(self.ctx.cfg, self.g.gid, self.seq) if shared else None)
 
     def _send_request(self, kind: Kind) -> None:
         if self.send_req is not None:
-            self.sim.transport.wait(self.send_req, self.sim.cfg.runtime.liveness_timeout, self.gen_rank, "obs send")
+            self.ctx.transport.wait(self.send_req, self.ctx.cfg.runtime.liveness_timeout, self.gen_rank, "obs send")
         header = (self.g.gid, request_id(self.seq, self.t, self.T), self.step_index, int(kind))
-        self.sim.obs_codec.pack(self.obs_buf, header, self.cur)
-        self.recv_req = self.sim.transport.irecv_buf(self.gen_rank, Tag.ACTION + self.g.gid, self.reply_buf)
+        self.ctx.obs_codec.pack(self.obs_buf, header, self.cur)
+        self.recv_req = self.ctx.transport.irecv_buf(self.gen_rank, Tag.ACTION + self.g.gid, self.reply_buf)
         data = self.obs_buf if self.wire is None else self.wire.encode(self.obs_buf)
-        self.send_req = self.sim.transport.isend_buf(self.gen_rank, Tag.OBS + self.g.gid, data)
+        self.send_req = self.ctx.transport.isend_buf(self.gen_rank, Tag.OBS + self.g.gid, data)
         self.t_sent, self.sent_at = time.time(), time.monotonic()
         self.state = WAIT_ACTION if kind == Kind.ACT else WAIT_BOOTSTRAP
 
     def _on_action(self) -> None:
-        r = self.sim.act_codec.unpack(self.reply_buf, self.g.size)
-        version = self.sim.act_codec.header(self.reply_buf)[2]
+        r = self.ctx.act_codec.unpack(self.reply_buf, self.g.size)
+        version = self.ctx.act_codec.header(self.reply_buf)[2]
         s, t = self.seg.arrays, self.t
         for k in ("images", "proprio", "tokens"):
             s[k][t] = self.cur[k]
@@ -213,8 +243,8 @@ class GroupLoop:
         self.env.start_step(r["action"].copy())
         self.state = STEPPING
 
-    def _on_env_result(self, out: GroupStep) -> None:
-        m = self.sim.metrics
+    def _on_env_result(self, out: GroupStep) -> FinishedSegment | None:
+        m = self.ctx.metrics
         if self.state == STEPPING:
             s, t = self.seg.arrays, self.t
             s["rewards"][t], s["terminated"][t], s["truncated"][t], s["success"][t], s["env_steps"][t] = (
@@ -226,7 +256,7 @@ class GroupLoop:
                 m.span("reset", time.time(), out.reset_s, gid=self.g.gid)
             self._count_episodes(out)
             self.t += 1
-            if self.episodic and not self.alive.any() and not self.sim.world.lockstep:
+            if self.episodic and not self.alive.any() and not self.ctx.world.lockstep:
                 self._pad_segment()
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
         self.cur_texts = out.instructions
@@ -235,11 +265,11 @@ class GroupLoop:
             self.reset_seeds = out.reset_seeds.tolist()
         if self.state == STEPPING and self.t == self.T:
             if self.episodic:   # every episode ended within the segment: nothing to bootstrap
-                self._end_segment(np.zeros(self.g.size, np.float32))
-            else:
-                self._send_request(Kind.BOOTSTRAP)
+                return self._end_segment(np.zeros(self.g.size, np.float32))
+            self._send_request(Kind.BOOTSTRAP)
         else:
             self.state = SEND
+        return None
 
     def _pad_segment(self) -> None:
         """Episodic: every episode of the group has ended, so the rest of the segment would only
@@ -263,11 +293,15 @@ class GroupLoop:
         st["env_errors"] += out.errors
         self.ret[ended] = 0.0
 
-    def _on_bootstrap(self) -> None:
-        self._end_segment(self.sim.act_codec.unpack(self.reply_buf, self.g.size)["value"].copy())
+    def _on_bootstrap(self) -> FinishedSegment:
+        return self._end_segment(self.ctx.act_codec.unpack(self.reply_buf, self.g.size)["value"].copy())
 
-    def _end_segment(self, bootstrap: np.ndarray) -> None:
-        self.sim.publish(self, bootstrap)
+    def _end_segment(self, bootstrap: np.ndarray) -> FinishedSegment:
+        """The segment as it stands, handed back; the group records the next into a fresh buffer."""
+        done = FinishedSegment(self.seq, self.step_index, self.seg, bootstrap, self.stats)
+        if self.episodic:
+            done.reset_digests, done.reset_seeds = self.reset_digests, self.reset_seeds
+        self.seg = SegmentBuffer.allocate(self.T, self.g.size, self.ctx.spec)
         self.seq += 1
         self.t = 0
         self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
@@ -276,6 +310,7 @@ class GroupLoop:
             self._start_reset()
         else:
             self.state = SEND
+        return done
 
     def cancel(self) -> None:
         """At shutdown: drop a pending reply receive (the Generator stops answering)."""
@@ -289,12 +324,11 @@ class Simulator:
         self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
         self.rank = transport.rank
         self.spec = spec(cfg)
-        self.encode = instruction_encoder(cfg.policy)   # one tokenizer per rank, shared by its groups
-        self.obs_codec, self.act_codec = obs_codec(self.spec), action_codec(self.spec)
-        self.expect_most = cfg.runtime.expect_spin_us / 1e6   # seconds either side of a due reply
+        self.ctx = RankContext(cfg, world, self.spec, transport, metrics, instruction_encoder(cfg.policy),
+                               obs_codec(self.spec), action_codec(self.spec), cfg.runtime.expect_spin_us / 1e6)
         self.shards_dir = run_dir / "shards"
         self.shards_dir.mkdir(parents=True, exist_ok=True)
-        self.groups = [GroupLoop(self, g, self._first_seq(g)) for g in world.groups_of_sim(self.rank)]
+        self.groups = [GroupLoop(self.ctx, g, self._first_seq(g)) for g in world.groups_of_sim(self.rank)]
         # Shards are written by one background thread (zarr compresses and writes without
         # holding the groups: a synchronous write blocked every group of the rank for ~90 ms
         # per segment); each is announced from this thread once it is on disk, in order.
@@ -319,7 +353,10 @@ class Simulator:
             return False
         work = self._announce_written()
         for g in self.groups:
-            work |= g.advance(g.state == SEND and self._may_send(g))
+            did, finished = g.advance(g.state == SEND and self._may_send(g))
+            work |= did
+            if finished is not None:
+                self.publish(g.g, finished)
         got = self.transport.poll(Tag.STOP)
         if got is not None:
             self.shutdown(got[1])
@@ -351,19 +388,17 @@ class Simulator:
         return ("simulator groups: " + ", ".join(f"g{g.g.gid}:{g.state.name}@seq{g.seq}t{g.t}" for g in self.groups)
                 + f"; {len(self.writing)} shard(s) being written")
 
-    def publish(self, group: GroupLoop, bootstrap: np.ndarray) -> None:
-        """Hand the finished segment to the writer; the group records into a fresh buffer."""
-        g = group.g
-        name, attrs = segment_meta(self.cfg, self.world, g, group.seq, self.rank)
-        arrays = group.seg.arrays
-        attrs["instructions"] = group.seg.texts
-        group.seg = SegmentBuffer.allocate(group.T, g.size, self.spec)
-        if group.episodic:
-            attrs["reset_digests"], attrs["reset_seeds"] = group.reset_digests, group.reset_seeds
+    def publish(self, g: Group, seg: FinishedSegment) -> None:
+        """Hand group g's finished segment to the writer; it is announced once on disk."""
+        name, attrs = segment_meta(self.cfg, self.world, g, seg.seq, self.rank)
+        arrays = seg.buffer.arrays
+        attrs["instructions"] = seg.buffer.texts
+        if seg.reset_digests is not None:
+            attrs["reset_digests"], attrs["reset_seeds"] = seg.reset_digests, seg.reset_seeds
         v = arrays["versions"]
-        msg = ShardReady(name, g.gid, group.seq, group.step_index, int(v.size), int(v.min()), int(v.max()),
-                         env_steps=int(arrays["env_steps"].sum()), sim_rank=self.rank, **group.stats)
-        fut = self.writer.submit(self._write, name, arrays, bootstrap, attrs)
+        msg = ShardReady(name, g.gid, seg.seq, seg.step_index, int(v.size), int(v.min()), int(v.max()),
+                         env_steps=int(arrays["env_steps"].sum()), sim_rank=self.rank, **seg.stats)
+        fut = self.writer.submit(self._write, name, arrays, seg.bootstrap, attrs)
         fut.add_done_callback(lambda _: self.transport.ring(self.rank))   # an idle rank announces it at once
         self.writing.append((fut, msg))
 

@@ -110,6 +110,28 @@ def test_sweep_dry_run_prints_one_het_job_per_point(tmp_path):
     assert not list(tmp_path.glob("*/slurm"))
 
 
+def test_a_sweep_over_cluster_sizes_runs_every_point_through_the_project_launcher(tmp_path):
+    """Hydra picks the launcher without the sweep's own overrides: `-m cluster=slurm_8,slurm_16`
+    went to the basic launcher, whose first point ended the process (the task function's exit),
+    so slurm_16 never ran. Every sweep now goes through the project's launcher."""
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", "cluster=slurm_8,slurm_16", "cluster.dry_run=true",
+                          f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "sweep point #0 (cluster=slurm_8" in out.stdout and "sweep point #1 (cluster=slurm_16" in out.stdout
+    assert out.stdout.count("#SBATCH --ntasks=8\n") == 2 and out.stdout.count("#SBATCH --ntasks=16\n") == 2
+
+
+def test_a_local_sweep_runs_every_point_and_a_mixed_one_is_refused(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", "+experiment=toy", "cluster.dry_run=true",
+                          "algo.lr=1e-4,3e-4", f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("rlvla3.engine.run") == 2 and f"{tmp_path}/1" in out.stdout
+    mixed = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", "cluster=local,slurm_8", "cluster.dry_run=true",
+                            f"hydra.sweep.dir={tmp_path / 'mixed'}"], capture_output=True, text=True, timeout=120)
+    assert mixed.returncode != 0 and "mixes Slurm points with local ones (cluster=local" in mixed.stderr
+    assert not [p for p in (tmp_path / "mixed").glob("*") if p.is_dir()]   # no point's folder
+
+
 def test_one_bad_sweep_point_submits_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rlvla3.launch", "-m", "cluster=slurm_8", "cluster.time=01:00:00,2h",
                           f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=120)

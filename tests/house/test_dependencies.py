@@ -75,3 +75,24 @@ def test_every_module_the_package_imports_is_declared():
         assert names, f"{module} is imported but not installed"
         # A module some declared distribution provides (hydra: hydra-core; yaml: pyyaml; PIL: pillow).
         assert names & declared, f"{module} comes from {sorted(names)}, none of which pyproject.toml declares"
+
+
+def locked_versions() -> dict[str, str]:
+    lines = (ROOT / "requirements.lock").read_text().splitlines()
+    return dict(requirement(s) for s in lines if s and not s.startswith("#"))
+
+
+def test_the_lock_pins_every_declared_requirement_within_its_spec():
+    """requirements.lock (scripts/lock.sh) holds an exact version of every requirement of
+    pyproject.toml, and that version satisfies pyproject's spec: a changed requirement without a
+    regenerated lock fails here, not in a user's install."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    locked = locked_versions()
+    assert all(v.startswith("==") for v in locked.values()), "requirements.lock holds exact pins only"
+    for name, spec in pyproject_requirements().items():
+        assert name in locked, f"{name} (pyproject.toml) has no pin in requirements.lock: run scripts/lock.sh"
+        version = Version(locked[name].removeprefix("=="))
+        assert version in SpecifierSet(spec, prereleases=True), \
+            f"{name}: requirements.lock pins {version}, outside pyproject.toml's {spec!r}: run scripts/lock.sh"
