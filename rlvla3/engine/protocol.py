@@ -123,6 +123,7 @@ class TrainOrder:
     opt_step: int                  # global optimizer step counter (after this one)
     slices: tuple[Slice, ...] = ()
     end_of_version: bool = False   # after this optimizer step, publish version + 1
+    first_epoch: bool = False      # its rows are trained for the first time (they count as consumed)
     stop: bool = False
 
 

@@ -1,27 +1,26 @@
 """Trainer role: consumes shards as they are announced and trains the policy with PPO.
 
 Trainers are data-parallel over their own process group (gloo on CPU, NCCL on GPU). Trainer 0
-is the leader: it decides what each optimizer step trains (a `TrainOrder` of shard row slices) and
-sends it to the others. Each optimizer step's global batch is cut into equal contiguous row
-ranges, one per Trainer: a data-parallel step lasts as long as its largest share, so shares are
-balanced to the row (owning whole shards, by a hash of the name, left some Trainers with 2-3x
-the mean). A Trainer reads the shards its ranges touch; with `mode.overlap` it pre-reads, as
-they are announced, the shards it will most likely train (crc32(name) % n_trainers).
-Gradients (and the row count) are all-reduced, so every optimizer step sees exactly
-`global_batch` samples however the rows are spread.
+is the leader: it decides what each optimizer step trains (a `TrainOrder` of shard row slices,
+planned by `row_plan.RowPlan`) and sends it to the others. Each optimizer step's global batch is
+cut into equal contiguous row ranges, one per Trainer: a data-parallel step lasts as long as its
+largest share, so shares are balanced to the row (owning whole shards, by a hash of the name,
+left some Trainers with 2-3x the mean). A Trainer reads the shards its ranges touch; with
+`mode.overlap` it pre-reads, as they are announced, the shards it will most likely train
+(crc32(name) % n_trainers). Gradients (and the row count) are all-reduced, so every optimizer
+step sees exactly `global_batch` samples however the rows are spread.
 
 Per version k (= rollout step k):
-  - epoch 0 takes the step's rows in arrival order; with `mode.streaming` an optimizer step
-    starts as soon as `global_batch` rows are announced, otherwise once the whole rollout step
-    is in; later epochs revisit the step's shards in a seeded shuffled order;
+  - the row plan decides the order of the step's rows, epoch by epoch (`row_plan`);
   - π_prox is a frozen copy of the weights at the start of the step; stale rows (behaviour
     version < k) get their proximal log-prob from it (decoupled PPO);
   - after `update_epochs * rollout_batch / global_batch` optimizer steps: publish version k+1
-    with credits up to step k+1+eta, checkpoint (model, optimizer, counters, ledger), log.
+    with credits up to step k+1+eta, checkpoint (model, optimizer, counters, ledger), and Trainer 0
+    closes the version's record (`history.History`).
 
 Checkpoints are written at version ends (`v000012.pt`: 12 versions trained) and, on a
 preemption signal, after the current optimizer step (`v000012-s0005.pt`: 5 optimizer steps of
-version 12 done). A mid-version checkpoint also holds the step's row order, cursor and π_prox,
+version 12 done). A mid-version checkpoint also holds the plan's row order, cursor and π_prox,
 so a resumed Trainer continues with exactly the rows that follow; a partial accumulation is
 never saved, its rows are simply planned again.
 """
@@ -30,7 +29,6 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +37,11 @@ from .. import notices
 from ..config import RunConfig
 from ..world import World, spec
 from . import checkpoints, evaluator, shards, weights
-from .learners import LOSS_KEYS, STAT_KEYS, EmulatedLearner
+from .history import History
+from .learners import EmulatedLearner
 from .progress import Progress
-from .protocol import CheckpointAck, ShardReady, Slice, Stop, Tag, TrainOrder, WeightsHeader
+from .protocol import CheckpointAck, ShardReady, Stop, Tag, TrainOrder, WeightsHeader
+from .row_plan import RowPlan
 from .scalars import ScalarSinks
 
 
@@ -59,38 +59,6 @@ def likely_owner(name: str, n_trainers: int) -> int:
     return zlib.crc32(name.encode()) % n_trainers
 
 
-def take_rows(order: list[tuple[str, int]], cursor: tuple[int, int], n: int, n_trainers: int):
-    """Slices covering the next `n` rows of `order` [(shard, rows)] from `cursor` (index, row),
-    cut so that Trainer j owns the j-th of n_trainers equal contiguous row ranges."""
-    i, r = cursor
-    taken = 0
-    slices = []
-    bounds = [n * (j + 1) // n_trainers for j in range(n_trainers)]  # end of each Trainer's range
-    while taken < n and i < len(order):
-        name, rows = order[i]
-        owner = next(j for j, b in enumerate(bounds) if taken < b)
-        k = min(n - taken, rows - r, bounds[owner] - taken)
-        slices.append(Slice(name, r, r + k, owner))
-        taken += k
-        r += k
-        if r == rows:
-            i, r = i + 1, 0
-    return slices, (i, r)
-
-
-def stale_weights(rows: float, stale: float, w_sum: float, w_sq_sum: float) -> dict[str, float]:
-    """What decoupled PPO's behaviour weights w = min(π_prox/π_behav, c) did to a version's stale rows:
-    their mean w (E_behav[π_prox/π_behav] is 1 unclipped; the clip c takes mass off it) and their
-    effective sample share (Σw)² / (n Σw²), 1 when every w is equal: a stale row with w near 0 is
-    a row trained for nothing. Fresh rows have w = 1 exactly, so their part is taken off the sums.
-    NaN when the version trained no stale row."""
-    if stale <= 0:
-        return {"stale_weight": float("nan"), "stale_ess": float("nan")}
-    fresh = rows - stale
-    w, w_sq = w_sum - fresh, w_sq_sum - fresh
-    return {"stale_weight": w / stale, "stale_ess": w * w / (stale * w_sq) if w_sq > 0 else float("nan")}
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, world: World, transport, metrics, run_dir: Path, index: int, preemption=None):
         self.cfg, self.world, self.transport, self.metrics = cfg, world, transport, metrics
@@ -102,14 +70,9 @@ class Trainer:
         self.learner = make_learner(cfg, world, spec(cfg), metrics, index, self.shards_dir)
         self.version = self.opt_step = self.rows_trained = 0
         self.ledger = shards.Ledger.empty()
-        self.announced: dict[int, list[ShardReady]] = defaultdict(list)
-        self.announced_names: set[str] = set()   # of the steps in `announced`
-        self.cursor = (0, 0)
-        self.step_in_version = 0
-        self.order: list[tuple[str, int]] = []
-        self.loss_sums = defaultdict(float)
-        self.t_version = time.time()
-        self.history: list[dict] = []
+        # Every Trainer keeps the announcements (to pre-read and forget shards); Trainer 0 plans with them.
+        self.plan = RowPlan(cfg, world.opt_steps_per_epoch, world.opt_steps_per_version, self.learner.dp_size)
+        self.history = History()
         self.trained_uncommitted: list[str] = []   # keep_shards=false: deleted at the next checkpoint
         self.stopping = False
         self.done = False
@@ -121,10 +84,10 @@ class Trainer:
             self._resume()
         if self.leader:
             self.ckpt_dir.mkdir(exist_ok=True)
-            self.sinks = ScalarSinks(cfg, run_dir, self.history)
+            self.sinks = ScalarSinks(cfg, run_dir, self.history.records)
             if cfg.runtime.eval_every:
                 self.evaluator = evaluator.Evaluator(cfg, run_dir, self._note)
-        self.t0 = time.time()
+        self.history.start_clock()
         self.progress = Progress(cfg.algo.max_versions, self.version, notices.console_is_tty(),
                                  "eval" if cfg.runtime.evaluate else "train")
         self._publish(cfg.runtime.startup_timeout)   # the Generators may still be building their models
@@ -140,22 +103,18 @@ class Trainer:
             # (the Simulators continue past them, so nobody else would produce step 0).
             lost = self._reannounce()
             say(f"resume: no checkpoint yet in {self.ckpt_dir}; version 0 from the start, "
-                f"{sum(map(len, self.announced.values()))} shard(s) on disk announced, {lost} shard(s) of lost weights "
+                f"{sum(map(len, self.plan.announced.values()))} shard(s) on disk announced, {lost} shard(s) of lost weights "
                 f"(versions > 0) relabelled stale")
             return
         path, state = found
         self.learner.load_state(state)
         self.version, self.opt_step, self.rows_trained = (int(state[k]) for k in ("version", "opt_step", "rows_trained"))
         self.ledger = shards.Ledger.from_state(state["ledger"])
-        self.history = json.loads(state["history"])
-        mid = state.get("step_in_version", 0)
-        if mid:
-            self.step_in_version = int(mid)
-            self.order = [(n, int(r)) for n, r in json.loads(state["order"])]
-            self.cursor = tuple(int(x) for x in state["cursor"])
+        self.history = History(json.loads(state["history"]))
+        self.plan.restore(state)
         lost = self._reannounce()
         print(f"[trainer {self.index}] resumed from {path.name}: version {self.version}, step "
-              f"{self.step_in_version}, {self.rows_trained} rows trained, {lost} shard(s) of lost weights "
+              f"{self.plan.step_in_version}, {self.rows_trained} rows trained, {lost} shard(s) of lost weights "
               f"(versions > {self.version}) relabelled stale", flush=True)
 
     def _reannounce(self) -> int:
@@ -164,8 +123,8 @@ class Trainer:
         A shard of the saved order that is gone (quarantined since) keeps its place with its
         rows, trained as absent, so the cursor still points where it pointed. Returns how many
         hold rows of versions the rollback lost."""
-        saved = dict(self.order)
-        first = {n: i for i, (n, _) in enumerate(self.order)}
+        saved = dict(self.plan.order)
+        first = {n: i for i, (n, _) in enumerate(self.plan.order)}
         on_disk = {n for n in shards.scan(self.shards_dir) if shards.parse_name(n)[0] >= self.version}
         lost = 0
         for name in sorted(on_disk | set(saved), key=lambda n: (first.get(n, len(first)), n)):
@@ -193,12 +152,8 @@ class Trainer:
 
     # ------------------------------------------------------------ intake
     def _announce(self, msg: ShardReady) -> None:
-        if msg.rollout_step < self.version:
-            return  # already trained (a duplicate announcement after a restart)
-        if msg.name in self.announced_names:
-            return  # seen twice: in a resume's rescan and in a ShardReady sent while it ran
-        self.announced_names.add(msg.name)
-        self.announced[msg.rollout_step].append(msg)
+        if not self.plan.announce(msg, self.version):
+            return
         if self.cfg.mode.overlap and likely_owner(msg.name, self.learner.dp_size) == self.learner.dp_index:
             self.learner.preload(msg.name)
 
@@ -209,38 +164,6 @@ class Trainer:
             if not self.stopping:
                 self._announce(got[1])
         return work
-
-    # ------------------------------------------------------------ planning (leader)
-    def _next_order(self) -> TrainOrder | None:
-        a, k = self.cfg.algo, self.version
-        per_epoch = self.world.opt_steps_per_epoch
-        epoch = self.step_in_version // per_epoch
-        arrived = self.announced[k]
-        complete = sum(m.rows for m in arrived) >= a.rollout_batch
-        if epoch == 0:
-            # Streaming trains rows in arrival order; otherwise the whole step is in and a
-            # canonical (name) order makes training independent of message timing.
-            ordered = arrived if self.cfg.mode.streaming else sorted(arrived, key=lambda m: m.name)
-            self.order = [(m.name, m.rows) for m in ordered]
-            avail = sum(r for _, r in self.order) - self._position(self.order, self.cursor)
-            if not (complete or (self.cfg.mode.streaming and avail >= a.global_batch)):
-                return None
-        elif self.step_in_version % per_epoch == 0:
-            rng = np.random.default_rng([self.cfg.seed, k, epoch])
-            names = sorted((m.name, m.rows) for m in arrived)
-            self.order = [names[i] for i in rng.permutation(len(names))]
-            self.cursor = (0, 0)
-        slices, self.cursor = take_rows(self.order, self.cursor, a.global_batch, self.learner.dp_size)
-        self.step_in_version += 1
-        if self.step_in_version % per_epoch == 0:
-            self.cursor = (0, 0)
-        return TrainOrder(k, self.opt_step + 1, tuple(slices),
-                          end_of_version=self.step_in_version == self.world.opt_steps_per_version)
-
-    @staticmethod
-    def _position(order, cursor) -> int:
-        i, r = cursor
-        return sum(rows for _, rows in order[:i]) + r
 
     # ------------------------------------------------------------ training
     def _execute(self, order: TrainOrder) -> None:
@@ -254,22 +177,17 @@ class Trainer:
             self._finish_version()
 
     def _account(self, order: TrainOrder, total: np.ndarray) -> None:
-        # Only the leader plans (and so counts steps); rows count as consumed in epoch 0.
-        if self.leader and (self.step_in_version - 1) // self.world.opt_steps_per_epoch == 0:
+        # Rows count as consumed in the epoch that first trains them (later epochs revisit them).
+        if order.first_epoch:
             for s in order.slices:
                 self.ledger.advance(s.name, s.stop)
             self.rows_trained += sum(s.stop - s.start for s in order.slices)
-        for k, v in zip(STAT_KEYS, total[1:].tolist()):
-            self.loss_sums[k] += v
-        self.loss_sums["rows"] += float(total[0])
+        self.history.add(total)
 
     def _finish_version(self) -> None:
         k = self.version
         self.version += 1
-        self.step_in_version = 0
-        self.cursor = (0, 0)
-        arrived = self.announced.pop(k, [])
-        self.announced_names.difference_update(m.name for m in arrived)
+        arrived = self.plan.finish_version(k)
         self.learner.forget(m.name for m in arrived)
         self.learner.new_version()
         self._publish()
@@ -323,35 +241,16 @@ class Trainer:
     def checkpoint(self) -> Path:
         """model + optimizer + counters + ledger in one file, published by atomic rename. Between
         optimizer steps of a version it also holds the step's plan state and π_prox."""
-        state = {**self.learner.state(mid_version=self.step_in_version > 0),
+        mid = self.plan.step_in_version
+        state = {**self.learner.state(mid_version=mid > 0),
                  "version": self.version, "opt_step": self.opt_step, "rows_trained": self.rows_trained,
-                 "ledger": self.ledger.to_state(), "history": json.dumps(self.history)}
-        if self.step_in_version:
-            state.update(step_in_version=self.step_in_version, order=json.dumps(self.order),
-                         cursor=list(self.cursor))
-        path = self.ckpt_dir / checkpoints.ckpt_name(self.version, self.step_in_version)
+                 "ledger": self.ledger.to_state(), "history": json.dumps(self.history.records), **self.plan.state()}
+        path = self.ckpt_dir / checkpoints.ckpt_name(self.version, mid)
         return checkpoints.publish(self.learner.save, state, path)
 
     def _log_version(self, k: int, arrived: list[ShardReady]) -> None:
-        now = time.time()
-        rows = self.loss_sums.pop("rows", 0.0) or 1.0
-        stale, w_sq = self.loss_sums.pop("stale", 0.0), self.loss_sums.pop("behaviour_weight_sq", 0.0)
-        eps = sum(m.episodes for m in arrived)
-        rec = {"version": k + 1, "t": now - self.t0, "version_s": now - self.t_version,
-               "env_steps": sum(m.env_steps for m in arrived), "rows_trained": self.rows_trained,
-               "episodes": eps, "success": sum(m.successes for m in arrived) / eps if eps else float("nan"),
-               "return": sum(m.return_sum for m in arrived) / eps if eps else float("nan"),
-               "env_errors": sum(m.env_errors for m in arrived),
-               "staleness_max": k - min((m.min_version for m in arrived), default=k),
-               # off-policy share of the rows trained, and of the step's segments (grpo: its
-               # groups) whose rows more than one version produced (weights swapped mid-segment)
-               "stale_share": stale / rows,
-               **stale_weights(rows, stale, self.loss_sums["behaviour_weight"], w_sq),
-               "mixed_segments": sum(m.min_version < m.max_version for m in arrived) / max(len(arrived), 1),
-               **{f"loss_{key}": self.loss_sums.pop(key, 0.0) / rows for key in LOSS_KEYS}}
-        rec["steps_per_s"] = rec["env_steps"] / max(rec["version_s"], 1e-9)
-        self.t_version = now
-        self.history.append(rec)
+        rec = self.history.close(k, arrived, self.rows_trained)
+        eps = rec["episodes"]
         for key, v in rec.items():
             self.metrics.scalar(key, v, version=k + 1)
         self.metrics.flush()   # a run stopped right after this version still has its record (read_history)
@@ -374,7 +273,7 @@ class Trainer:
             for key in ("success", "success_lo", "success_hi", "episodes"):
                 self.metrics.scalar(f"eval_{key}", res[key], version=v)
             if self.sinks is not None:
-                env_steps = sum(int(h["env_steps"]) for h in self.history if h["version"] <= v)
+                env_steps = self.history.env_steps_until(v)
                 self.sinks.log_eval(res, v, env_steps)
             best = f"; the best so far -> {res['best']}" if "best" in res else ""
             self._note(f"[eval] version {v}: held-out success {res['success']:.2f} over {res['episodes']} episodes "
@@ -390,9 +289,8 @@ class Trainer:
         return None  # shards come when Simulators finish segments: no rhythm worth spinning for
 
     def describe(self) -> str:
-        arrived = {k: sum(m.rows for m in v) for k, v in self.announced.items()}
         return (f"trainer {self.index} version {self.version}, opt step {self.opt_step}, rows announced per "
-                f"step {arrived}, stopping={self.stopping}")
+                f"step {self.plan.rows_announced()}, stopping={self.stopping}")
 
     # ------------------------------------------------------------ loop
     def step(self) -> bool:
@@ -407,7 +305,7 @@ class Trainer:
         if self.leader and self.preemption is not None and self.preemption.requested:
             return work | self._preempt()
         if self.leader:
-            order = self._next_order()
+            order = self.plan.next_order(self.version, self.opt_step)
             if order is not None:
                 for r in self.world.train_ranks[1:]:
                     self.transport.send(r, Tag.TRAIN_ORDER, order)
@@ -442,7 +340,7 @@ class Trainer:
             return True
         path = self.checkpoint()
         print(f"[trainer 0] preemption signal: checkpoint {path.name} (version {self.version}, "
-              f"step {self.step_in_version}, {self.rows_trained} rows trained)", flush=True)
+              f"step {self.plan.step_in_version}, {self.rows_trained} rows trained)", flush=True)
         self.transport.send(0, Tag.CKPT_ACK, CheckpointAck(path.name))
         return True
 
@@ -474,7 +372,7 @@ class Trainer:
 
     def _write_summary(self) -> None:
         summary = {"versions": self.version, "opt_steps": self.opt_step, "rows_trained": self.rows_trained,
-                   "wall_s": time.time() - self.t0, "bad_shards": sorted(self.learner.bad), "history": self.history,
+                   "wall_s": time.time() - self.history.t0, "bad_shards": sorted(self.learner.bad), "history": self.history.records,
                    "param_digest": self.learner.digest(), "evaluations": self.evaluations,
                    "best": self.evaluator.best if self.evaluator is not None else None}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -60,7 +60,7 @@ def test_the_generator_sees_exactly_what_the_simulator_sent_through_the_engine(t
             sent = g.obs_buf
             got = gen.recv_bufs[g.g.gid]
             if g.state in (GroupState.WAIT_ACTION, GroupState.WAIT_BOOTSTRAP) and \
-                    gen.obs_codec.header(got) == sim.obs_codec.header(sent):
+                    gen.obs_codec.header(got) == sim.ctx.obs_codec.header(sent):
                 assert np.array_equal(got, sent), f"group {g.g.gid}: the Generator decoded another buffer than was sent"
                 compared.append(g.g.gid)
 

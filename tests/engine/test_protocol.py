@@ -81,7 +81,7 @@ def test_messages_round_trip_over_mpiexec(tmp_path):
 
 
 def test_take_rows_balances_trainers_to_the_row():
-    from rlvla3.engine.trainer import take_rows
+    from rlvla3.engine.row_plan import take_rows
 
     order = [("a", 5), ("b", 5), ("c", 5)]
     slices, cursor = take_rows(order, (0, 2), 9, 2)

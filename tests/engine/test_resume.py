@@ -125,7 +125,7 @@ def test_mid_version_resume_keeps_its_cursor_when_a_shard_before_it_is_gone(tmp_
     pre = Preemption(requeue=lambda: requeued.append(1))
     cfg = compose([*EMULATED_FAST, "algo.max_versions=4", "algo.update_epochs=2"])
     r = InProcessRun(cfg, tmp_path, preemption=pre)
-    r.run(timeout=120, check=lambda r: pre.handler(None, None) if r.role(Trainer).step_in_version == 1 and
+    r.run(timeout=120, check=lambda r: pre.handler(None, None) if r.role(Trainer).plan.step_in_version == 1 and
           r.role(Trainer).version == 1 else None, until=lambda r: bool(requeued))
     mid = [p for p in checkpoints.all_ckpts(tmp_path / "ckpt") if "-s" in p.name][-1]
     state = EmulatedLearner.load(mid)
@@ -185,7 +185,7 @@ def test_a_mid_version_resume_republishes_the_weights_its_version_named(tmp_path
     def preempt_mid_version_1(r: InProcessRun) -> None:
         record(r)
         t = r.role(Trainer)
-        if t.version == 1 and t.step_in_version == 2:
+        if t.version == 1 and t.plan.step_in_version == 2:
             pre.handler(None, None)
 
     requeued = []
@@ -222,9 +222,9 @@ def test_a_shard_announced_twice_is_trained_once(tmp_path):
     (tmp_path / "ckpt" / "v000002.pt").unlink()   # back to version 1, with step 1's shards on disk
     r = InProcessRun(config.replace(compose([*EMULATED_FAST, "algo.max_versions=2"]), resume=True), tmp_path)
     trainer = r.role(Trainer)
-    before = list(trainer.announced[1])
+    before = list(trainer.plan.announced[1])
     assert before, "the test needs rescanned shards of step 1"
     trainer._announce(before[0])
-    assert trainer.announced[1] == before   # one shard, counted once toward its step's rows
+    assert trainer.plan.announced[1] == before   # one shard, counted once toward its step's rows
     r.run(timeout=120)
     check_every_shard_consumed_once(tmp_path, 2, 64)

@@ -84,7 +84,7 @@ def test_stale_rows_behaviour_weights_from_the_loss_sums():
     """The history's stale_weight / stale_ess come from the loss's summed w and w^2 over all rows:
     fresh rows (w = 1) are taken off and the stale rows' own mean and (sum w)^2 / (n sum w^2) are left,
     with the clip applied (the third stale row's weight e^2 is cut to c = 2)."""
-    from rlvla3.engine.trainer import stale_weights
+    from rlvla3.engine.history import stale_weights
 
     behav = torch.tensor([-1.0, -2.0, -1.0, -1.0, -3.0])
     prox = torch.tensor([-1.0, -2.0, -1.7, -0.6, -1.0])   # rows 0-1 fresh (prox = behav), 2-4 stale
