@@ -490,6 +490,13 @@ class RuntimeConfig:
     """Seconds the clean-shutdown handshake may take."""
     ckpt_every: int = 1
     """Checkpoint every N versions (and at the end)."""
+    keep_ckpts: int = 3
+    """Keep the newest N checkpoints (a preemption checkpoint counts as one), plus ckpt/best.pt and
+    any checkpoint an evaluation still reads; older ones are deleted once a newer one is on disk.
+    0: keep every one."""
+    ckpt_write_timeout: float = 1800.0
+    """Seconds one checkpoint write may take (it runs beside training, on a thread of its own)
+    before the Trainer fails the job, naming the file."""
     keep_shards: bool = True
     """Keep consumed shards (for replay and analysis) or delete them after their step."""
     shard_codec: str = "zstd"
@@ -575,6 +582,8 @@ class RuntimeConfig:
             require(getattr(self, name) > 0, f"runtime.{name}", getattr(self, name), "must be > 0 (seconds)")
         require(self.wandb_mode in ("online", "offline"), "runtime.wandb_mode", self.wandb_mode, "use online or offline")
         require(self.ckpt_every >= 1, "runtime.ckpt_every", self.ckpt_every, "must be >= 1 (checkpoint every N versions)")
+        require(self.keep_ckpts >= 0, "runtime.keep_ckpts", self.keep_ckpts, "must be >= 0 (0: keep every checkpoint)")
+        require(self.ckpt_write_timeout > 0, "runtime.ckpt_write_timeout", self.ckpt_write_timeout, "must be > 0 (seconds)")
         for name, choices in (("shard_codec", SHARD_CODECS), ("wake", WAKES), ("obs_compression", OBS_COMPRESSIONS)):
             require(getattr(self, name) in choices, f"runtime.{name}", getattr(self, name), f"use one of {', '.join(choices)}")
         require(self.max_idle_wait > 0, "runtime.max_idle_wait", self.max_idle_wait, "use a positive number of seconds")

@@ -3,6 +3,7 @@
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [--size tiny|published] [overrides...]`
    `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`
+   `python -m rlvla3.bench ckpt [--params 1e6,1e7,1e8] [--repeats 3] [--versions 50]`
    `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
    `python -m rlvla3.bench obs [overrides...]`   (observation compression)
    `python -m rlvla3.bench latency [--topologies 1+1,16+4] [--wakes doorbell,doorbell+expect,...]`
@@ -22,7 +23,7 @@ from .families import FAMILY_RUNS
 from .sims import LIBERO_TASKS, SIM_TASKS
 from .throughput import WORKLOADS
 
-BENCHES = ("throughput", "weights", "families", "memory", "sims", "faults", "shards", "latency", "obs")
+BENCHES = ("throughput", "weights", "families", "memory", "sims", "faults", "shards", "latency", "obs", "ckpt")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,10 +40,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILY_RUNS)} (default: all); "
                                                    "memory: of openvla,openvla_oft,pi0,pi05")
     ap.add_argument("--copies", type=int, default=1, help="memory: frozen copies of the trainable weights (π_prox, a KL reference)")
-    ap.add_argument("--repeats", type=int, default=5, help="families, shards, obs: timed repeats per measurement (median)")
+    ap.add_argument("--repeats", type=int, default=5, help="families, shards, obs, ckpt: timed repeats per measurement (median)")
     ap.add_argument("--size", choices=["tiny", "published"], default="tiny",
                     help="families: tiny sizes (any device), or the released sizes as the LIBERO presets set them up (a GPU)")
-    ap.add_argument("--params", default="1e6,1e7,1e8", help="weights: parameter counts")
+    ap.add_argument("--params", default="1e6,1e7,1e8", help="weights, ckpt: parameter counts")
+    ap.add_argument("--versions", type=int, default=50, help="ckpt: versions of the run whose checkpoint folder is watched")
     ap.add_argument("--generators", default="1,4,16", help="weights: Generator counts")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
     ap.add_argument("--fanouts", default="0,2", help="weights: relay tree fanouts (0: Trainer 0 sends to every Generator)")

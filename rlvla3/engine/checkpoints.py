@@ -1,10 +1,14 @@
-"""Checkpoint files of a run: their names, their order, and how one is published.
+"""Checkpoint files of a run: their names, their order, how one is published, written off the
+Trainer's loop, and how many are kept.
 
 A Trainer writes `ckpt/v000012.pt` at the end of version 12 and, on a preemption signal,
 `ckpt/v000012-s0005.pt` after optimizer step 5 of version 12. The learner decides the file's
 format (torch.save for torch policies, npz for the emulated one); this module only names, orders
 and publishes: a checkpoint is written under a temporary name and renamed into place, so a
-reader never sees half a file.
+reader never sees half a file. A version's checkpoint is written by `Saver` on a thread of its
+own from a snapshot of the state (the Trainer waits for the copy, not for the disk); what must
+follow the file (deleting the shards it commits, an evaluation of it) runs once it is published.
+`runtime.keep_ckpts` bounds the disk: older checkpoints go once a newer one is published.
 """
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ import errno
 import os
 import re
 import shutil
+import threading
+import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from . import faults
@@ -104,3 +111,97 @@ def load_newest(load, ckpt_dir: Path, say=print) -> tuple[Path, dict] | None:
         except (CheckpointError, OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
             say(f"checkpoint {path} does not load ({str(e).splitlines()[0][:300]}); trying the one before it")
     return None
+
+
+def prune(ckpt_dir: Path, keep: int, in_use: set[str] = frozenset()) -> list[Path]:
+    """runtime.keep_ckpts: delete all but the newest `keep` checkpoints (a preemption checkpoint
+    counts as one; 0 keeps every one). Never best.pt (a hard link: its bytes stay while it names
+    them) nor a file an evaluation still reads (`in_use`, by name). Returns what was deleted."""
+    if keep <= 0:
+        return []
+    old = [p for p in all_ckpts(ckpt_dir)[:-keep] if p.name not in in_use]
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old
+
+
+def snapshot(state):
+    """A copy of `state` that training cannot change while it is written: every tensor cloned to
+    host memory (on a GPU this is the device-to-host staging copy), every array copied; the rest
+    (counters, JSON strings) is immutable or rebuilt per checkpoint."""
+    if isinstance(state, dict):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(snapshot(v) for v in state)
+    if hasattr(state, "detach"):   # a torch tensor (torch is never imported on emulated ranks)
+        return state.detach().to("cpu", copy=True)
+    if hasattr(state, "copy") and hasattr(state, "dtype"):   # a numpy array
+        return state.copy()
+    return state
+
+
+class Saver:
+    """Publishes checkpoints on a thread of its own, one at a time, then prunes old ones.
+
+    `submit` returns as soon as the write has started; `poll` (from the Trainer's loop) runs each
+    published checkpoint's `then(path)` and raises a write's error there, on the Trainer's
+    thread; `wait` blocks until the write in flight is published (a preemption checkpoint, the
+    job's end, or a second checkpoint due before the first is on disk), at most `timeout` s."""
+
+    def __init__(self, save: Callable[[dict, Path], None], ckpt_dir: Path, keep: int, timeout: float,
+                 in_use: Callable[[], set[str]] = frozenset):
+        self.save, self.ckpt_dir, self.keep, self.timeout, self.in_use = save, ckpt_dir, keep, timeout, in_use
+        self.thread: threading.Thread | None = None
+        self.pending: tuple[Path, Callable[[Path], None] | None] | None = None
+        self.error: BaseException | None = None
+        self.stall_s = 0.0    # what submits and waits cost the Trainer's loop, in all
+
+    def submit(self, state: dict, path: Path, then: Callable[[Path], None] | None = None) -> None:
+        self.wait()
+        t0 = time.monotonic()
+        state = snapshot(state)
+        self.pending = (path, then)
+        self.thread = threading.Thread(target=self._write, args=(state, path), name=f"ckpt {path.name}", daemon=True)
+        self.thread.start()
+        self.stall_s += time.monotonic() - t0
+
+    def write_now(self, state: dict, path: Path) -> Path:
+        """Publish `state` before returning (a preemption checkpoint: rank 0 requeues on its ack)."""
+        self.wait()
+        publish(self.save, state, path)
+        prune(self.ckpt_dir, self.keep, self.in_use())
+        return path
+
+    def _write(self, state: dict, path: Path) -> None:
+        try:
+            publish(self.save, state, path)
+            prune(self.ckpt_dir, self.keep, self.in_use())
+        except BaseException as e:   # raised again on the Trainer's thread by poll/wait
+            self.error = e
+
+    def poll(self) -> bool:
+        """Finish a write that has ended: raise its error, or run its follow-up. True if one ended."""
+        if self.thread is None or self.thread.is_alive():
+            return False
+        self._finish()
+        return True
+
+    def wait(self) -> None:
+        if self.thread is None:
+            return
+        t0 = time.monotonic()
+        self.thread.join(self.timeout)
+        if self.thread.is_alive():
+            raise CheckpointError(f"writing checkpoint {self.pending[0]} took more than runtime.ckpt_write_timeout="
+                                  f"{self.timeout:g} s; is {self.ckpt_dir} on a filesystem that answers? Raise the "
+                                  "limit for a slow one")
+        self.stall_s += time.monotonic() - t0
+        self._finish()
+
+    def _finish(self) -> None:
+        (path, then), self.pending, self.thread = self.pending, None, None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        if then is not None:
+            then(path)

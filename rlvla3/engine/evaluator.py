@@ -62,6 +62,12 @@ class Evaluator:
         self.waiting = (version, ckpt)
         self._start_waiting()
 
+    def in_use(self) -> set[str]:
+        """The checkpoint files an evaluation still reads (running or waiting; the best one is
+        linked from its version's file when the evaluation ends)."""
+        versions = [x[0] for x in (self.running, self.waiting) if x is not None]
+        return {ckpt_name(v) for v in versions}
+
     def out_dir(self, version: int) -> Path:
         return self.run_dir / "eval" / f"v{version:06d}"
 

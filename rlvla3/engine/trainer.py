@@ -80,6 +80,9 @@ class Trainer:
         self.evaluator: evaluator.Evaluator | None = None   # Trainer 0 with runtime.eval_every
         self.evaluations: list[dict] = []   # their results, this job's
         self.learner.connect(transport, world.train_ranks)
+        rt = cfg.runtime
+        self.saver = checkpoints.Saver(self.learner.save, self.ckpt_dir, rt.keep_ckpts, rt.ckpt_write_timeout,
+                                       self._ckpts_in_use)
         if cfg.resume:
             self._resume()
         if self.leader:
@@ -202,19 +205,28 @@ class Trainer:
             if not rt.keep_shards:
                 self.trained_uncommitted += [m.name for m in arrived]
             if due:
-                path = self.checkpoint()
-                self._delete_committed()
-                if evaluate:
-                    self.evaluator.submit(self.version, path)
+                self._checkpoint_version(evaluate)
             if self.version >= self.cfg.algo.max_versions:
                 self._begin_stop("max_versions reached")
 
-    def _delete_committed(self) -> None:
-        """runtime.keep_shards=false: delete the shards whose training a checkpoint now holds, and
-        only those (a crash before the next checkpoint re-trains the later ones from disk)."""
-        for name in self.trained_uncommitted:
-            shards.remove(self.shards_dir / name)
-        self.trained_uncommitted = []
+    def _checkpoint_version(self, evaluate: bool) -> None:
+        """The version's checkpoint, written off the loop. Once it is on disk, the shards whose
+        training it holds are deleted (runtime.keep_shards=false: a crash before then re-trains
+        them from disk) and, when due, its evaluation starts."""
+        committed, self.trained_uncommitted = self.trained_uncommitted, []
+        version = self.version
+
+        def then(path: Path) -> None:
+            for name in committed:
+                shards.remove(self.shards_dir / name)
+            if evaluate:
+                self.evaluator.submit(version, path)
+
+        self.saver.submit(self._ckpt_state(), self._ckpt_path(), then)
+
+    def _ckpts_in_use(self) -> set[str]:
+        """Checkpoints an evaluation still has to read: runtime.keep_ckpts keeps them."""
+        return set() if self.evaluator is None else self.evaluator.in_use()
 
     # ------------------------------------------------------------ weights, checkpoints, logs
     def _publish(self, timeout: float | None = None) -> None:
@@ -238,15 +250,15 @@ class Trainer:
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version, **leader_only)
         self.metrics.flush()   # once a version: which weights a version number named outlives a kill
 
-    def checkpoint(self) -> Path:
-        """model + optimizer + counters + ledger in one file, published by atomic rename. Between
-        optimizer steps of a version it also holds the step's plan state and π_prox."""
-        mid = self.plan.step_in_version
-        state = {**self.learner.state(mid_version=mid > 0),
-                 "version": self.version, "opt_step": self.opt_step, "rows_trained": self.rows_trained,
-                 "ledger": self.ledger.to_state(), "history": json.dumps(self.history.records), **self.plan.state()}
-        path = self.ckpt_dir / checkpoints.ckpt_name(self.version, mid)
-        return checkpoints.publish(self.learner.save, state, path)
+    def _ckpt_state(self) -> dict:
+        """model + optimizer + counters + ledger, for one file. Between optimizer steps of a version
+        it also holds the step's plan state and π_prox."""
+        return {**self.learner.state(mid_version=self.plan.step_in_version > 0),
+                "version": self.version, "opt_step": self.opt_step, "rows_trained": self.rows_trained,
+                "ledger": self.ledger.to_state(), "history": json.dumps(self.history.records), **self.plan.state()}
+
+    def _ckpt_path(self) -> Path:
+        return self.ckpt_dir / checkpoints.ckpt_name(self.version, self.plan.step_in_version)
 
     def _log_version(self, k: int, arrived: list[ShardReady]) -> None:
         rec = self.history.close(k, arrived, self.rows_trained)
@@ -296,7 +308,7 @@ class Trainer:
     def step(self) -> bool:
         if self.done:
             return False
-        work = self._intake()
+        work = self._intake() | self.saver.poll()
         if self.stopping:
             self.transport.poll_done()
             return work | self._maybe_done()
@@ -338,7 +350,7 @@ class Trainer:
                   f"resume from {name}", flush=True)
             self.transport.send(0, Tag.CKPT_ACK, CheckpointAck(name))
             return True
-        path = self.checkpoint()
+        path = self.saver.write_now(self._ckpt_state(), self._ckpt_path())
         print(f"[trainer 0] preemption signal: checkpoint {path.name} (version {self.version}, "
               f"step {self.plan.step_in_version}, {self.rows_trained} rows trained)", flush=True)
         self.transport.send(0, Tag.CKPT_ACK, CheckpointAck(path.name))
@@ -357,6 +369,7 @@ class Trainer:
         if not expected <= self.transport.done_ranks:
             return False
         self.progress.close()
+        self.saver.wait()   # the last version's checkpoint (and the evaluation it starts)
         if self.evaluator is not None:
             self._log_evaluations(self.evaluator.finish())
         self.record_params()
@@ -374,6 +387,7 @@ class Trainer:
         summary = {"versions": self.version, "opt_steps": self.opt_step, "rows_trained": self.rows_trained,
                    "wall_s": time.time() - self.history.t0, "bad_shards": sorted(self.learner.bad), "history": self.history.records,
                    "param_digest": self.learner.digest(), "evaluations": self.evaluations,
+                   "ckpt_stall_s": self.saver.stall_s,
                    "best": self.evaluator.best if self.evaluator is not None else None}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
 

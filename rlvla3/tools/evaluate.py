@@ -43,7 +43,9 @@ def average_checkpoints(last: Path, n: int, out: Path) -> Path:
                  key=ckpt_order)
     chosen = run[-n:]
     if len(chosen) < n:
-        raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name}")
+        raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name} "
+                         f"(a run keeps its newest runtime.keep_ckpts; train with runtime.keep_ckpts={n} or more "
+                         f"to average its last {n})")
     models = [load_torch(p)["model"] for p in chosen]
     mean = {k: torch.stack([m[k].double() for m in models]).mean(0).to(models[0][k].dtype) for k in models[0]}
     out.parent.mkdir(parents=True, exist_ok=True)
