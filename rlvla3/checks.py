@@ -118,6 +118,14 @@ def megatron(cfg: RunConfig) -> None:
             p.tensor_parallel, f"must divide policy.heads={p.heads} and 128 (the LM vocabulary is padded to a multiple of 128)")
     require(cfg.mode.placement == "disaggregated", "mode.placement", cfg.mode.placement,
             "lm_backend=megatron needs disaggregated placement (Generators run transformers)")
+    # Refused here rather than after the ranks start: the Megatron path converts a random-init
+    # transformers Llama to Megatron's TP layout and trains it with torch's Adam; reading a released
+    # folder into that layout, LoRA over it (its base_layer names) and Megatron's DDP and
+    # distributed optimizer are not built.
+    require(not p.pretrained, "policy.pretrained", p.pretrained,
+            "lm_backend=megatron trains a random-initialised Llama only (loading a released folder into Megatron's "
+            "tensor-parallel layout, LoRA over it and Megatron's distributed optimizer are not built): use "
+            "policy.lm_backend=transformers with policy.pretrained")
 
 
 def pretrained(cfg: RunConfig) -> None:

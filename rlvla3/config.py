@@ -158,7 +158,8 @@ class PolicyConfig:
     lm_backend: str = "transformers"
     """openvla with lm=llama: the Trainer's language model, transformers | megatron (megatron-core
     GPTModel split over policy.tensor_parallel Trainer ranks; published weights are converted back
-    to the transformers layout, so Generators are unchanged)."""
+    to the transformers layout, so Generators are unchanged). megatron trains a random-initialised
+    Llama only: with policy.pretrained it is refused before any rank starts."""
     tensor_parallel: int = 1
     """lm_backend=megatron: Trainer ranks per model replica (cluster.train_ranks must be a
     multiple; the replicas are data parallel)."""

@@ -140,7 +140,7 @@ def run(a) -> int:
     for r in rows:
         print(f"{r['params']:>12.3g} {r['state_gb']:>9.2f} {r['sync_save_s']:>12.3f} {r['saver_wait_s']:>13.3f} "
               f"{r['wait_over_sync']:>10.3f} {r['saver_write_s']:>14.3f} {r['steps_during_write']:>16}")
-    disk = disk_row(a.versions, out, a.timeout)
+    disk = disk_row((a.versions or 50), out, a.timeout)
     print(f"\n{disk['versions']} versions, runtime.keep_ckpts={disk['keep_ckpts']}: ckpt/ held at most "
           f"{disk['most_files']} files (bound keep + 2 = {disk['bound']}); at the end: {', '.join(disk['files_at_end'])}")
     save_rows(str(out), "ckpt.json", [*rows, disk])

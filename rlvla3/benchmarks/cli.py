@@ -4,6 +4,7 @@
    `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`
    `python -m rlvla3.bench ckpt [--params 1e6,1e7,1e8] [--repeats 3] [--versions 50]`
+   `python -m rlvla3.bench serving --params 1e8 --generators 4 [--versions 8]`   (replies while a version arrives)
    `python -m rlvla3.bench fidelity [--suite libero_spatial] [--tasks 0,5] [--control]`   (tools/libero_fidelity.py)
    `python -m rlvla3.bench obs [overrides...]`   (observation compression)
    `python -m rlvla3.bench latency [--topologies 1+1,16+4] [--wakes doorbell,doorbell+expect,...]`
@@ -23,7 +24,7 @@ from .families import FAMILY_RUNS
 from .sims import LIBERO_TASKS, SIM_TASKS
 from .throughput import WORKLOADS
 
-BENCHES = ("throughput", "weights", "families", "memory", "sims", "faults", "shards", "latency", "obs", "ckpt")
+BENCHES = ("throughput", "weights", "families", "memory", "sims", "faults", "shards", "latency", "obs", "ckpt", "serving")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,9 +44,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=5, help="families, shards, obs, ckpt: timed repeats per measurement (median)")
     ap.add_argument("--size", choices=["tiny", "published"], default="tiny",
                     help="families: tiny sizes (any device), or the released sizes as the LIBERO presets set them up (a GPU)")
-    ap.add_argument("--params", default="1e6,1e7,1e8", help="weights, ckpt: parameter counts")
-    ap.add_argument("--versions", type=int, default=50, help="ckpt: versions of the run whose checkpoint folder is watched")
-    ap.add_argument("--generators", default="1,4,16", help="weights: Generator counts")
+    ap.add_argument("--params", default="1e6,1e7,1e8", help="weights, ckpt, serving: parameter counts")
+    ap.add_argument("--versions", type=int, default=None,
+                    help="ckpt: versions of the run whose checkpoint folder is watched (default 50); serving: "
+                         "versions published (default 8)")
+    ap.add_argument("--generators", default="1,4,16", help="weights, serving: Generator counts")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
     ap.add_argument("--fanouts", default="0,2", help="weights: relay tree fanouts (0: Trainer 0 sends to every Generator)")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="weights: bucket size (MiB)")

@@ -65,8 +65,12 @@ class Generator:
         target = min(cfg.generator.adapt_batch, self.served)
         self.tuner = WindowTuner(target, cfg.generator.t_max_ms / 1e3) if adapt else None
         self.version, self.granted_until = -1, -1
+        # Two buffers: the model serves from one (on a CPU its parameters are views of it) while
+        # the next version lands in the other; they swap when it is all here.
         self.weights_buf = np.zeros(self.actor.n_params, np.float32)
-        self.wire_bufs: dict[str, np.ndarray] = {}   # receive buffer per wire dtype
+        self.next_buf = np.zeros(self.actor.n_params, np.float32)
+        self.bf16_wire: np.ndarray | None = None   # where bfloat16 buckets land before decoding
+        self.incoming: tuple[WeightsHeader, weights.Incoming] | None = None
         self.sims = sorted({g.sim_rank for g in self.groups.values()})
         self.trainer0 = world.train_ranks[0]
         self.weights_from = world.relay_parent(transport.rank)   # Trainer 0, or a Generator of the relay tree
@@ -84,7 +88,10 @@ class Generator:
 
     def _poll_weights(self) -> bool:
         """A new version from this Generator's parent in the relay tree (Trainer 0 or a Generator; a
-        colocated Trainer 0's arrives in-process, on the same edge), forwarded to its children."""
+        colocated Trainer 0's arrives in-process, on the same edge), received beside serving and
+        forwarded to its children; the model swaps to it between batches, once it is all here."""
+        if self.incoming is not None:
+            return self._progress_incoming()
         got = self.transport.poll(Tag.WEIGHTS, self.weights_from)
         if got is None:
             return False
@@ -92,13 +99,27 @@ class Generator:
         if hdr.n_params != self.weights_buf.size:
             raise RuntimeError(f"weights of version {hdr.version} have {hdr.n_params} values, this Generator's "
                                f"model has {self.weights_buf.size}: Trainer and Generator built different models")
-        t0 = time.time()
-        wire = self.wire_bufs.setdefault(hdr.dtype, weights.wire_buffer(self.weights_buf, hdr.dtype))
+        if hdr.dtype == "float32":
+            wire = self.next_buf
+        else:
+            if self.bf16_wire is None:
+                self.bf16_wire = weights.wire_buffer(self.next_buf, hdr.dtype)
+            wire = self.bf16_wire
         for child in self.weights_to:
             self.transport.send(child, Tag.WEIGHTS, hdr)
-        weights.receive(self.transport, self.weights_from, wire, self.weights_buf, hdr.bucket_mb,
-                        self.cfg.runtime.liveness_timeout, self.weights_to)
-        self.metrics.span("comm", t0, time.time() - t0, what="weights", bytes=wire.nbytes)
+        self.incoming = (hdr, weights.Incoming(self.transport, self.weights_from, wire, self.next_buf, hdr.bucket_mb,
+                                               self.cfg.runtime.liveness_timeout, self.weights_to))
+        self._progress_incoming()
+        return True
+
+    def _progress_incoming(self) -> bool:
+        hdr, incoming = self.incoming
+        landed = incoming.landed
+        if not incoming.progress():
+            return incoming.landed > landed   # a bucket landed: work (the loop looks again at once)
+        self.incoming = None
+        self.metrics.span("comm", incoming.t0, time.time() - incoming.t0, what="weights", bytes=incoming.wire.nbytes)
+        self.weights_buf, self.next_buf = self.next_buf, self.weights_buf
         self.set_weights(self.weights_buf, hdr.version, hdr.granted_until)
         return True
 
@@ -211,8 +232,12 @@ class Generator:
         return ()   # everything this role waits for comes by MPI (and rings the doorbell)
 
     def deadline(self) -> float | None:
-        """When the open batch closes on T_max (monotonic), if one is open."""
-        return None if self.lockstep else self.batcher.deadline()
+        """When the open batch closes on T_max (monotonic), if one is open; while a version is
+        arriving, soon (its buckets land only as this rank looks)."""
+        batch = None if self.lockstep else self.batcher.deadline()
+        if self.incoming is None:
+            return batch
+        return min(t for t in (batch, time.monotonic() + self.cfg.runtime.idle_sleep) if t is not None)
 
     def expecting(self) -> tuple[float, float] | None:
         """When the next request of a group with none in hand is due (monotonic window)."""
@@ -237,7 +262,8 @@ class Generator:
         return work
 
     def _poll_control(self) -> None:
-        got = self.transport.poll(Tag.STOP)
+        # A version still arriving is received (and relayed) in full first: its children wait for it.
+        got = self.transport.poll(Tag.STOP) if self.incoming is None else None
         if got is not None:
             for child in self.weights_to:   # after every publish it relayed: those have completed
                 self.transport.send(child, Tag.STOP, got[1])

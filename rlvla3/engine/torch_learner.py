@@ -11,6 +11,7 @@ import copy
 import hashlib
 import socket
 import time
+import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..policies import make_policy
 from ..policies.base import flat_params, pick_device
 from ..policies.lora import trainable
 from . import shards
-from .checkpoints import load_torch
+from .checkpoints import CheckpointError, load_torch
 from .learners import STAT_KEYS, TERM_KEYS
 from .protocol import GroupAddress, Slice, Tag
 
@@ -76,6 +77,54 @@ def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
                 flat(a["versions"]), segment)
 
 
+def frozen_record(policy, base: str) -> dict | None:
+    """What a checkpoint leaves out: the parameters that never train (a LoRA run's base), by name,
+    with a fingerprint of their values and where they came from (`base`), so that a loader
+    refuses another base instead of pairing the adapters with it. None: everything trains, and a
+    checkpoint holds every weight."""
+    keys = [k for k, v in policy.state_dict(keep_vars=True).items()
+            if isinstance(v, torch.nn.Parameter) and not v.requires_grad]
+    return {"keys": keys, "fingerprint": frozen_fingerprint(policy, keys), "base": base} if keys else None
+
+
+def frozen_fingerprint(policy, keys: list[str]) -> int:
+    """crc32 over at most 4096 evenly strided values of each named tensor (cheap at 7B: read once
+    at start-up and once per load; a different base differs almost everywhere)."""
+    sd, crc = policy.state_dict(), 0
+    for k in keys:
+        t = sd[k].detach().reshape(-1)
+        crc = zlib.crc32(t[::max(1, t.numel() >> 12)].float().cpu().numpy().tobytes(), crc)
+    return crc
+
+
+def base_of(cfg) -> str:
+    """Where a run's frozen weights come from, in words a user can act on."""
+    p = cfg.policy
+    if p.pretrained:
+        return f"policy.pretrained={p.pretrained}"
+    if p.init_from:
+        return f"policy.init_from={p.init_from}"
+    return f"a random initialisation (policy.name={p.name}, seed={cfg.seed})"
+
+
+def load_model(policy, model: dict, frozen: dict | None, source: str, keep_own: frozenset = frozenset()) -> None:
+    """Load a checkpoint's weights: every one of them (frozen None), or, from a checkpoint that
+    holds only what trains, all but its frozen base, which must be this policy's own (same names,
+    same fingerprint). Keys in `keep_own` keep this policy's values."""
+    allowed = set(keep_own)
+    if frozen is not None:
+        keys = list(frozen["keys"])
+        mine = frozen_fingerprint(policy, keys) if set(keys) <= set(policy.state_dict()) else None
+        if mine != frozen["fingerprint"]:
+            raise CheckpointError(f"{source} holds only the weights that train; they were trained on "
+                                  f"{frozen['base']} ({len(keys)} frozen tensors), and this policy's frozen "
+                                  "weights are not those: build it on that base (the run's config.yaml names it)")
+        allowed |= set(keys)
+    missing, unexpected = policy.load_state_dict({k: v for k, v in model.items() if k not in keep_own}, strict=False)
+    if unexpected or set(missing) - allowed:
+        raise RuntimeError(f"missing keys {sorted(set(missing) - allowed)}, unexpected keys {sorted(unexpected)}")
+
+
 def load_init(policy, path: str) -> None:
     """Start from the model weights of a checkpoint (policy.init_from), strictly: a checkpoint of
     another family or size is refused, naming what differs. Parameters an SFT checkpoint says SFT
@@ -88,12 +137,12 @@ def load_init(policy, path: str) -> None:
     model = state.get("model", state)
     # An SFT checkpoint names what its loss never trained (tools/sft.py: the value head, the flow
     # noise std): this run's config sets those, as if no checkpoint held them.
-    keep_own = set(state.get("sft", {}).get("untrained", ()))
+    keep_own = frozenset(state.get("sft", {}).get("untrained", ()))
     try:
-        missing, unexpected = policy.load_state_dict({k: v for k, v in model.items() if k not in keep_own}, strict=False)
-        if unexpected or set(missing) - keep_own:
-            raise RuntimeError(f"missing keys {sorted(set(missing) - keep_own)}, unexpected keys {sorted(unexpected)}")
+        load_model(policy, model, state.get("frozen"), f"policy.init_from={path}", keep_own)
     except RuntimeError as e:
+        if isinstance(e, CheckpointError):
+            raise
         raise RuntimeError(f"policy.init_from={path} does not fit this policy (policy.name and sizes must match "
                            f"the run that wrote it): {str(e)[:600]}") from e
 
@@ -113,6 +162,8 @@ class TorchLearner:
         self.policy = make_policy(cfg, spec).to(self.device)
         if cfg.policy.init_from:
             load_init(self.policy, cfg.policy.init_from)
+        # A LoRA run's base never changes: checkpoints leave it out (Megatron's keep every weight).
+        self.frozen = None if self.megatron else frozen_record(self.policy, base_of(cfg))
         self.export_names = [name for name, _ in self.policy.named_parameters()]   # what Generators load
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
@@ -469,9 +520,9 @@ class TorchLearner:
             self._full_cache = out
         return self._full_cache
 
-    def _load_full_state(self, model, state: dict[str, torch.Tensor]) -> None:
+    def _load_full_state(self, model, state: dict[str, torch.Tensor], frozen: dict | None = None) -> None:
         if not self.megatron:
-            model.load_state_dict(state)
+            load_model(model, state, frozen, "the checkpoint")
             return
         from .megatron_lm import hf_to_mcore
 
@@ -508,22 +559,32 @@ class TorchLearner:
             per_rank = [None] * self.tp
             dist.all_gather_object(per_rank, opt, group=group)
             opt = {"tp_ranks": per_rank}
-        out = {"model": self._full_state(), "optimizer": opt}
+        out = {"model": self._trained(self._full_state()), "optimizer": opt}
+        if self.frozen is not None:
+            out["frozen"] = frozen_record(self.policy, self.frozen["base"])   # its fingerprint as it is now
         if mid_version and self.prox is not None:
-            out["prox"] = self.prox.state_dict()
+            out["prox"] = self._trained(self.prox.state_dict())
         return out
+
+    def _trained(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`state` without the frozen base (a LoRA run's checkpoint holds what trains)."""
+        if self.frozen is None:
+            return state
+        frozen = set(self.frozen["keys"])
+        return {k: v for k, v in state.items() if k not in frozen}
 
     def load_state(self, state: dict) -> None:
         self._full_cache = None
-        self._load_full_state(self.policy, state["model"])
+        frozen = state.get("frozen")
+        self._load_full_state(self.policy, state["model"], frozen)
         opt = state["optimizer"]
         self.opt.load_state_dict(opt["tp_ranks"][self.tp_rank] if "tp_ranks" in opt else opt)
         if self.prox is not None:
             # Mid-version: π_prox as saved; at a version boundary it equals the model.
             if "prox" in state:
-                self.prox.load_state_dict(state["prox"])
+                load_model(self.prox, state["prox"], frozen, "the checkpoint's π_prox")
             else:
-                self._load_full_state(self.prox, state["model"])
+                self._load_full_state(self.prox, state["model"], frozen)
 
     def save(self, state: dict, path: Path) -> None:
         torch.save(state, path)

@@ -43,6 +43,7 @@ from .progress import Progress
 from .protocol import CheckpointAck, ShardReady, Stop, Tag, TrainOrder, WeightsHeader
 from .row_plan import RowPlan
 from .scalars import ScalarSinks
+from .transport import PeerSilent
 
 
 def make_learner(cfg, world, spec, metrics, index: int, shards_dir):
@@ -76,6 +77,9 @@ class Trainer:
         self.trained_uncommitted: list[str] = []   # keep_shards=false: deleted at the next checkpoint
         self.stopping = False
         self.done = False
+        self.sending: list = []          # (Generator, request) of the last publish still in flight
+        self.sending_wire = None
+        self.sending_deadline = 0.0
         self.sinks = None
         self.evaluator: evaluator.Evaluator | None = None   # Trainer 0 with runtime.eval_every
         self.evaluations: list[dict] = []   # their results, this job's
@@ -245,10 +249,33 @@ class Trainer:
             first = self.world.publish_children()   # the relay tree's first level: they forward it on
             for g in first:
                 self.transport.send(g, Tag.WEIGHTS, hdr)
-            for g, req in weights.send(self.transport, first, wire, gc.weights_bucket_mb):
-                self.transport.wait(req, timeout or self.cfg.runtime.liveness_timeout, g, "weights send")
+            self._finish_sends()   # the previous version's (long done but for a Generator that is gone)
+            # Posted, not waited for: the Generators take the buckets while this rank trains on.
+            self.sending = weights.send(self.transport, first, wire, gc.weights_bucket_mb)
+            self.sending_wire = wire   # the buffer the sends read from stays alive until they complete
+            self.sending_deadline = time.monotonic() + (timeout or self.cfg.runtime.liveness_timeout)
         self.metrics.span("weight_sync", t0, time.time() - t0, version=self.version, **leader_only)
         self.metrics.flush()   # once a version: which weights a version number named outlives a kill
+
+    def _progress_sends(self) -> bool:
+        """Complete what the Generators have taken of the last publish; a Generator that takes
+        nothing until the publish's deadline is named."""
+        if not self.sending:
+            return False
+        n = len(self.sending)
+        self.sending = [(g, req) for g, req in self.sending if not req.Test()]
+        if self.sending and time.monotonic() > self.sending_deadline:
+            g = self.sending[0][0]
+            raise PeerSilent(f"rank {self.transport.rank}: weights send to {self.transport.who(g)} did not complete "
+                             f"by the publish's deadline")
+        if not self.sending:
+            self.sending_wire = None
+        return len(self.sending) < n
+
+    def _finish_sends(self) -> None:
+        for g, req in self.sending:
+            self.transport.wait(req, max(0.0, self.sending_deadline - time.monotonic()), g, "weights send")
+        self.sending, self.sending_wire = [], None
 
     def _ckpt_state(self) -> dict:
         """model + optimizer + counters + ledger, for one file. Between optimizer steps of a version
@@ -295,7 +322,9 @@ class Trainer:
         return ()   # everything this role waits for comes by MPI (and rings the doorbell)
 
     def deadline(self) -> float | None:
-        return None  # the Trainer only waits for messages
+        """While a publish is in flight, soon (its sends complete only as this rank looks); else
+        the Trainer only waits for messages."""
+        return time.monotonic() + self.cfg.runtime.idle_sleep if self.sending else None
 
     def expecting(self) -> None:
         return None  # shards come when Simulators finish segments: no rhythm worth spinning for
@@ -308,7 +337,7 @@ class Trainer:
     def step(self) -> bool:
         if self.done:
             return False
-        work = self._intake() | self.saver.poll()
+        work = self._intake() | self.saver.poll() | self._progress_sends()
         if self.stopping:
             self.transport.poll_done()
             return work | self._maybe_done()
@@ -369,6 +398,7 @@ class Trainer:
         if not expected <= self.transport.done_ranks:
             return False
         self.progress.close()
+        self._finish_sends()
         self.saver.wait()   # the last version's checkpoint (and the evaluation it starts)
         if self.evaluator is not None:
             self._log_evaluations(self.evaluator.finish())

@@ -13,6 +13,10 @@ versioned, in buckets, optionally bfloat16 on the wire. numpy only (emulated ran
   its children only, and every Generator forwards each bucket to its own children as soon as it
   has it, so Trainer 0 sends `fanout` copies instead of one per Generator, and the copies down
   the tree overlap bucket by bucket (fanout 0: Trainer 0 sends to every Generator itself).
+- Nobody waits for a publish: Trainer 0 posts its sends and trains on (`send`; it completes them
+  before the next publish), and a Generator receives the next version (`Incoming`) into a
+  buffer of its own while it serves with the current one, swapping between batches once every
+  bucket has landed and been relayed.
 
 `python -m rlvla3.bench weights` (benchmarks/weights.py) measures the cost of a publish vs parameter count and
 Generator count.
@@ -20,12 +24,14 @@ Generator count.
 from __future__ import annotations
 
 import sys
+import time
 import zlib
 
 import numpy as np
 
 from . import faults
 from .protocol import Tag
+from .transport import PeerSilent
 
 WIRE_DTYPES = ("float32", "bfloat16")
 
@@ -98,16 +104,54 @@ def send(transport, dests, wire: np.ndarray, bucket_mb: float) -> list:
     return reqs
 
 
+class Incoming:
+    """A publish being received beside serving, one bucket at a time: `progress()` never waits;
+    when the bucket in flight has landed it forwards it to `forward_to` (this rank's children in
+    the relay tree), decodes it into `out`, posts the next bucket's receive and returns, so the
+    rank serves between buckets. (On one node Open MPI copies a large message inside the call
+    that matches it: posting every receive at once would copy the whole version in one call.)
+    A parent that delivers no bucket, or a child that takes none, for `timeout` seconds is named."""
+
+    def __init__(self, transport, src: int, wire: np.ndarray, out: np.ndarray, bucket_mb: float, timeout: float,
+                 forward_to: tuple[int, ...] = ()):
+        self.t0, self.moved = time.time(), time.monotonic()
+        self.transport, self.src, self.wire, self.out = transport, src, wire, out
+        self.timeout, self.forward_to = timeout, forward_to
+        self.slices = buckets(wire.size, wire.itemsize, bucket_mb)
+        self.landed = 0
+        self.req = transport.irecv_buf(src, Tag.WEIGHTS_BUF, wire[self.slices[0]])
+        self.forwards: list[tuple[int, object]] = []
+
+    def progress(self) -> bool:
+        """True once every bucket has landed, been decoded, and every forward has completed (then
+        `wire` may be reused)."""
+        if self.landed < len(self.slices):
+            if not self.req.Test():
+                self._check(self.src, f"weights bucket {self.landed} of {len(self.slices)} from")
+                return False
+            sl = self.slices[self.landed]
+            self.forwards += [(d, self.transport.isend_buf(d, Tag.WEIGHTS_BUF, self.wire[sl])) for d in self.forward_to]
+            from_wire(self.wire[sl], self.out[sl])
+            self.landed += 1
+            self.moved = time.monotonic()
+            if self.landed < len(self.slices):
+                self.req = self.transport.irecv_buf(self.src, Tag.WEIGHTS_BUF, self.wire[self.slices[self.landed]])
+                return False
+        self.forwards = [(d, r) for d, r in self.forwards if not r.Test()]
+        if self.forwards:
+            self._check(self.forwards[0][0], "weights bucket relayed to")
+        return not self.forwards
+
+    def _check(self, peer: int, what: str) -> None:
+        if time.monotonic() - self.moved > self.timeout:
+            raise PeerSilent(f"rank {self.transport.rank}: {what} {self.transport.who(peer)} did not complete "
+                             f"within {self.timeout:.0f}s")
+
+
 def receive(transport, src: int, wire: np.ndarray, out: np.ndarray, bucket_mb: float, timeout: float,
             forward_to: tuple[int, ...] = ()) -> None:
-    """Receive the buckets of a publish into `wire`, forward each to `forward_to` (this rank's
-    children in the relay tree) as soon as it has landed, and decode it into `out`. Returns once
-    every forward has completed: `wire` may then be reused."""
-    forwards = []
-    for sl in buckets(wire.size, wire.itemsize, bucket_mb):
-        req = transport.irecv_buf(src, Tag.WEIGHTS_BUF, wire[sl])
-        transport.wait(req, timeout, src, f"weights bucket [{sl.start}:{sl.stop})")
-        forwards += [(d, transport.isend_buf(d, Tag.WEIGHTS_BUF, wire[sl])) for d in forward_to]
-        from_wire(wire[sl], out[sl])
-    for d, req in forwards:
-        transport.wait(req, timeout, d, "weights bucket relayed")
+    """An `Incoming` publish, waited for (the weights benchmark times a publish this way)."""
+    incoming = Incoming(transport, src, wire, out, bucket_mb, timeout, forward_to)
+    while not incoming.progress():
+        transport.tick()
+        transport.backoff.idle()

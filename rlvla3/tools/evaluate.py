@@ -46,10 +46,12 @@ def average_checkpoints(last: Path, n: int, out: Path) -> Path:
         raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name} "
                          f"(a run keeps its newest runtime.keep_ckpts; train with runtime.keep_ckpts={n} or more "
                          f"to average its last {n})")
-    models = [load_torch(p)["model"] for p in chosen]
+    states = [load_torch(p) for p in chosen]
+    models = [s["model"] for s in states]
     mean = {k: torch.stack([m[k].double() for m in models]).mean(0).to(models[0][k].dtype) for k in models[0]}
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": mean, "averaged": [p.name for p in chosen]}, out)
+    frozen = {"frozen": states[-1]["frozen"]} if "frozen" in states[-1] else {}   # a LoRA run's: the same base
+    torch.save({"model": mean, "averaged": [p.name for p in chosen], **frozen}, out)
     return out
 
 

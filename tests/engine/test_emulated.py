@@ -66,3 +66,22 @@ def check_replies_from_whole_versions(run) -> None:
                                f"value {arrays['values'].ravel()[bad[0]]} for version {arrays['versions'].ravel()[bad[0]]}")
         rows += expected.size
     assert rows >= 3 * 64, rows
+
+
+def test_generators_serve_while_a_version_arrives_and_every_reply_is_a_whole_version(tmp_path):
+    """A Generator receives the next version beside serving (weights.Incoming into a second buffer)
+    and swaps between batches: forwards start on a Generator while a version is arriving there
+    (between its 8 MiB buckets), and still no reply comes from a half-arrived version. 5e7
+    parameters make each arrival long enough to see requests in it; before, a Generator answered
+    nothing until the last bucket."""
+    from rlvla3.benchmarks.serving import arrivals, workload
+
+    p, run = run_engine(tmp_path, [*workload(5e7, 2, 4), "generator.weights_bucket_mb=8"], name="serve")
+    assert_ok(p)
+    windows = arrivals(run)
+    gens = derive(config.load(run)).gen_ranks
+    assert sorted(windows) == sorted(gens) and all(len(w) == 5 for w in windows.values()), windows   # versions 0-4
+    served = [rec["t"] for rank, _, rec in read_records(run, "span") if rec["n"] == "infer" and
+              any(t0 < rec["t"] < t1 for t0, t1 in windows.get(rank, []))]
+    assert served, "no Generator served a batch while a version was arriving"
+    check_replies_from_whole_versions(run)

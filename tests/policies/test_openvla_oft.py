@@ -12,6 +12,8 @@ import torch
 
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError, PolicyConfig
+from rlvla3.engine.checkpoints import CheckpointError
+from rlvla3.engine.torch_learner import frozen_fingerprint, load_model
 from rlvla3.policies import make_policy, sample_layout
 from rlvla3.policies.openvla import oft as openvla_oft
 from rlvla3.policies.openvla import prismatic
@@ -163,11 +165,33 @@ def test_a_released_oft_trains_its_lora_adapters_through_the_engine_with_matchin
     over = [*TOY, *LOGP_CHECK, "policy=openvla_oft", f"policy.pretrained={tmp_path / 'oft'}", "policy.chunk=2",
             "policy.instruction_len=32", "policy.image_crop=1.0", "policy.lora_rank=4", "policy.grad_checkpointing=true"]
     run = run_logprob_check(tmp_path, over, "released openvla_oft, LoRA")
-    start = make_policy(compose(over), spec(compose(over))).state_dict()
-    end = torch.load(run / "ckpt" / "v000002.pt", weights_only=True)["model"]
-    assert start.keys() == end.keys()
+    fresh = make_policy(compose(over), spec(compose(over)))
+    start = fresh.state_dict()
+    ckpt = torch.load(run / "ckpt" / "v000002.pt", weights_only=True)
+    end, frozen = ckpt["model"], ckpt["frozen"]
     base = [k for k in start if ".base_layer." in k]
     assert base and all(start[k].dtype == torch.bfloat16 for k in base if k.endswith("weight"))
-    changed = {k for k in start if not torch.equal(start[k], end[k])}
-    assert not changed & set(base), f"frozen base weights moved: {sorted(changed & set(base))[:4]}"
+    # The checkpoint holds what trains and its optimizer state, no frozen base weight, and names
+    # the base by a fingerprint of its values at save time: the base as loaded, not moved.
+    assert set(base) <= set(frozen["keys"]) and end.keys() == start.keys() - set(frozen["keys"])
+    assert frozen["fingerprint"] == frozen_fingerprint(fresh, frozen["keys"])
+    assert str(tmp_path / "oft") in frozen["base"]
+    trainable = sum(p.numel() for p in fresh.parameters() if p.requires_grad)
+    held = sum(t.numel() * t.element_size() for t in (*end.values(), *tensors(ckpt["optimizer"])))
+    assert held <= 16 * trainable, (held, trainable)
+    changed = {k for k in end if not torch.equal(start[k], end[k])}
     assert any(".lora_B." in k for k in changed) and any(k.startswith("action_head.") for k in changed)
+    load_model(fresh, end, frozen, "v000002.pt")    # onto the same base: loads
+    moved = make_policy(compose(over), spec(compose(over)))
+    with torch.no_grad():
+        moved.get_parameter(next(k for k in base if k.endswith("weight"))).add_(1.0)
+    with pytest.raises(CheckpointError, match=r"trained on policy.pretrained=.*this policy's frozen weights are not"):
+        load_model(moved, end, frozen, "v000002.pt")
+
+
+def tensors(tree) -> list[torch.Tensor]:
+    """Every tensor in an optimizer's state_dict (or any nest of dicts and lists)."""
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, (list, tuple)) else ()
+    return [t for v in items for t in tensors(v)]

@@ -69,6 +69,15 @@ def test_colocated_needs_equal_generator_and_trainer_ranks():
         derive(compose(["mode.placement=colocated", "cluster.train_ranks=2"]))
 
 
+def test_megatron_with_a_released_folder_is_refused_before_any_rank_starts(tmp_path):
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text("{}")
+    megatron = ["+experiment=toy", "policy=openvla", "policy.patch=3", "policy.lm=llama", "policy.lm_backend=megatron"]
+    derive(compose(megatron))   # random init: the Megatron path
+    with pytest.raises(ConfigError, match=r"policy.pretrained=.*lm_backend=megatron trains a random-initialised Llama only"):
+        derive(compose([*megatron, f"policy.pretrained={tmp_path / 'llama'}"]))
+
+
 def test_unknown_key_and_wrong_type_fail_at_compose():
     with pytest.raises(Exception, match="env.bogus"):
         compose(["env.bogus=1"])
