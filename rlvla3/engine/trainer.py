@@ -390,6 +390,10 @@ class Trainer:
         for r in self.world.train_ranks[1:]:
             self.transport.send(r, Tag.TRAIN_ORDER, TrainOrder(self.version, self.opt_step, stop=True))
         stop = Stop(reason)
+        # The last publish is taken before Stop goes out: a Generator that met Stop first could
+        # finish without ever reading the version's header (different tags have no order), and
+        # each relays Stop only once what it relayed has been taken below it.
+        self._finish_sends()
         for r in (*self.world.sim_ranks, *self.world.publish_children()):   # Generators relay it down the tree
             self.transport.send(r, Tag.STOP, stop)
 

@@ -192,7 +192,9 @@ def test_a_job_whose_step_ended_without_results_but_still_runs_is_cancelled_and_
 def test_sbatch_scale_test_leaves_a_run_folder_per_point_and_a_plot(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     sweep = tmp_path / "sweep"
-    env = {**os.environ, "RLVLA3_SCALE_DIV": "64", "RLVLA3_SWEEP": str(sweep), "RLVLA3_PYTHON": sys.executable,
+    # 8..256 GPUs divided by 128: the one point of 2 GPUs, sync and async (the sweep's plumbing and
+    # its plot are under test, not scaling; more points cost CI a minute)
+    env = {**os.environ, "RLVLA3_SCALE_DIV": "128", "RLVLA3_SWEEP": str(sweep), "RLVLA3_PYTHON": sys.executable,
            # the script's own points, at one epoch per version: the sweep's plumbing is under test
            "RLVLA3_SCALE_OVERRIDES": "cluster=slurm_local +experiment=toy algo.max_versions=2 algo.update_epochs=1"}
     proc = subprocess.run(["sbatch", "--wait", f"--output={tmp_path}/scale-%j.out", "slurm/scale_test.sh"],
@@ -200,9 +202,9 @@ def test_sbatch_scale_test_leaves_a_run_folder_per_point_and_a_plot(tmp_path):
     log = "".join(p.read_text() for p in tmp_path.glob("scale-*.out"))
     assert proc.returncode == 0, proc.stderr + log[-3000:]
     points = sorted(p.name for p in sweep.iterdir() if p.is_dir())
-    assert points == ["g002-async", "g002-sync", "g004-async", "g004-sync"], points
+    assert points == ["g002-async", "g002-sync"], points
     for p in points:
         assert summary(sweep / p)["versions"] == 2
     rows = (sweep / "scaling.csv").read_text().splitlines()
-    assert rows[0].startswith("gpus,mode,steps_per_s") and len(rows) == 5
+    assert rows[0].startswith("gpus,mode,steps_per_s") and len(rows) == 3
     assert (sweep / "scaling.png").stat().st_size > 10_000
