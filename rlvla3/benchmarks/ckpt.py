@@ -5,8 +5,9 @@ Two questions about checkpoints, each answered by the engine's own code:
 1. How long the Trainer's loop waits per checkpoint: a model of `--params` float32 parameters
    with AdamW's state after one step (what the torch learner saves: model and optimizer), written
    synchronously (`checkpoints.publish`, what the Trainer did before) and through `Saver` (the
-   state copied on the loop, written on a thread while the loop goes on taking optimizer steps
-   on the live model), taking turns in one folder. Per row: the median seconds of a synchronous
+   state copied on the loop into the staging memory of the Saver's previous checkpoint, written
+   on a thread while the loop goes on taking optimizer steps on the live model; one Saver, its
+   first checkpoint a warm-up), taking turns in one folder. Per row: the median seconds of a synchronous
    save, of the loop's wait with the Saver, their ratio, and the Saver's whole write; each
    Saver file is loaded back and compared with the weights at the moment it was submitted (the
    steps taken meanwhile must not reach it).
@@ -60,12 +61,11 @@ def time_sync(state: dict, path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def time_saver(params, opt, state: dict, folder: Path, path: Path) -> tuple[float, float, int]:
+def time_saver(saver, params, opt, state: dict, path: Path) -> tuple[float, float, int]:
     """(the loop's wait, the whole write, optimizer steps taken during it); checks the file holds
     the submitted weights, not the ones trained since."""
     import torch
 
-    saver = checkpoints.Saver(torch.save, folder, keep=0, timeout=3600)
     submitted = params[0].detach().clone()
     t0 = time.perf_counter()
     saver.submit(state, path)
@@ -84,11 +84,17 @@ def time_saver(params, opt, state: dict, folder: Path, path: Path) -> tuple[floa
 def stall_rows(counts: list[int], repeats: int, folder: Path) -> list[dict]:
     rows = []
     for n in counts:
+        import torch
+
         params, opt, state = trained_state(n)
+        # One Saver for the run, as a Trainer has: its first snapshot allocates the staging
+        # memory (not timed: a warm-up), later ones copy into it.
+        saver = checkpoints.Saver(torch.save, folder, keep=0, timeout=3600)
+        time_saver(saver, params, opt, state, folder / "warmup.pt")
         sync, stall, write, steps = [], [], [], []
         for r in range(repeats):
             sync.append(time_sync(state, folder / f"sync{r}.pt"))
-            s, w, k = time_saver(params, opt, state, folder, folder / f"saver{r}.pt")
+            s, w, k = time_saver(saver, params, opt, state, folder / f"saver{r}.pt")
             stall.append(s)
             write.append(w)
             steps.append(k)

@@ -125,17 +125,26 @@ def prune(ckpt_dir: Path, keep: int, in_use: set[str] = frozenset()) -> list[Pat
     return old
 
 
-def snapshot(state):
-    """A copy of `state` that training cannot change while it is written: every tensor cloned to
+def snapshot(state, into=None):
+    """A copy of `state` that training cannot change while it is written: every tensor copied to
     host memory (on a GPU this is the device-to-host staging copy), every array copied; the rest
-    (counters, JSON strings) is immutable or rebuilt per checkpoint."""
+    (counters, JSON strings) is immutable or rebuilt per checkpoint. `into`: the previous
+    checkpoint's snapshot, written already; a tensor of the same shape and dtype there is copied
+    into (no new allocation: fresh pages cost more than the copy)."""
     if isinstance(state, dict):
-        return {k: snapshot(v) for k, v in state.items()}
+        old = into if isinstance(into, dict) else {}
+        return {k: snapshot(v, old.get(k)) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(snapshot(v) for v in state)
+        old = into if isinstance(into, (list, tuple)) and len(into) == len(state) else [None] * len(state)
+        return type(state)(snapshot(v, o) for v, o in zip(state, old))
     if hasattr(state, "detach"):   # a torch tensor (torch is never imported on emulated ranks)
+        if hasattr(into, "copy_") and into.shape == state.shape and into.dtype == state.dtype:
+            return into.copy_(state.detach())
         return state.detach().to("cpu", copy=True)
     if hasattr(state, "copy") and hasattr(state, "dtype"):   # a numpy array
+        if isinstance(into, type(state)) and into.shape == state.shape and into.dtype == state.dtype:
+            into[...] = state
+            return into
         return state.copy()
     return state
 
@@ -152,6 +161,7 @@ class Saver:
                  in_use: Callable[[], set[str]] = frozenset):
         self.save, self.ckpt_dir, self.keep, self.timeout, self.in_use = save, ckpt_dir, keep, timeout, in_use
         self.thread: threading.Thread | None = None
+        self.staging = None   # the last snapshot, its memory reused by the next one once written
         self.pending: tuple[Path, Callable[[Path], None] | None] | None = None
         self.error: BaseException | None = None
         self.stall_s = 0.0    # what submits and waits cost the Trainer's loop, in all
@@ -159,7 +169,7 @@ class Saver:
     def submit(self, state: dict, path: Path, then: Callable[[Path], None] | None = None) -> None:
         self.wait()
         t0 = time.monotonic()
-        state = snapshot(state)
+        state = self.staging = snapshot(state, self.staging)
         self.pending = (path, then)
         self.thread = threading.Thread(target=self._write, args=(state, path), name=f"ckpt {path.name}", daemon=True)
         self.thread.start()

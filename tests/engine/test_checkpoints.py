@@ -49,6 +49,20 @@ def test_the_saver_returns_before_the_disk_and_writes_the_state_at_its_submit(tm
     assert not saver.poll()
 
 
+def test_the_next_snapshot_reuses_the_written_ones_memory(tmp_path):
+    saver = checkpoints.Saver(lambda state, path: EmulatedLearner.save(None, state, path), tmp_path, keep=0, timeout=30)
+    saver.submit({"params": np.zeros(3, np.float32)}, tmp_path / "v000001.pt")
+    staged = saver.staging["params"]
+    saver.submit({"params": np.ones(3, np.float32)}, tmp_path / "v000002.pt")   # waits for v1 first
+    saver.wait()
+    assert saver.staging["params"] is staged                                   # copied into, not allocated
+    assert EmulatedLearner.load(tmp_path / "v000001.pt")["params"].tolist() == [0, 0, 0]
+    assert EmulatedLearner.load(tmp_path / "v000002.pt")["params"].tolist() == [1, 1, 1]
+    saver.submit({"params": np.ones(4, np.float32)}, tmp_path / "v000003.pt")   # another shape: a new buffer
+    saver.wait()
+    assert saver.staging["params"] is not staged and EmulatedLearner.load(tmp_path / "v000003.pt")["params"].size == 4
+
+
 def test_a_failed_write_is_raised_on_the_trainers_thread_and_a_stuck_one_is_named(tmp_path):
     def full_disk(state, path):
         raise OSError(28, "No space left on device")
