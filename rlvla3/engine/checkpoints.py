@@ -150,12 +150,14 @@ def snapshot(state, into=None):
 
 
 class Saver:
-    """Publishes checkpoints on a thread of its own, one at a time, then prunes old ones.
+    """Publishes checkpoints on a thread of its own, one at a time.
 
-    `submit` returns as soon as the write has started; `poll` (from the Trainer's loop) runs each
-    published checkpoint's `then(path)` and raises a write's error there, on the Trainer's
-    thread; `wait` blocks until the write in flight is published (a preemption checkpoint, the
-    job's end, or a second checkpoint due before the first is on disk), at most `timeout` s."""
+    `submit` returns as soon as the write has started; `poll` (from the Trainer's loop) finishes
+    each published checkpoint on the Trainer's thread: it raises a write's error, prunes old
+    checkpoints and runs the checkpoint's `then(path)` (pruning here, not on the writer thread,
+    reads `in_use` where the evaluations it names change); `wait` blocks until the write in
+    flight is published (a preemption checkpoint, the job's end, or a second checkpoint due
+    before the first is on disk), at most `timeout` s."""
 
     def __init__(self, save: Callable[[dict, Path], None], ckpt_dir: Path, keep: int, timeout: float,
                  in_use: Callable[[], set[str]] = frozenset):
@@ -185,7 +187,6 @@ class Saver:
     def _write(self, state: dict, path: Path) -> None:
         try:
             publish(self.save, state, path)
-            prune(self.ckpt_dir, self.keep, self.in_use())
         except BaseException as e:   # raised again on the Trainer's thread by poll/wait
             self.error = e
 
@@ -213,5 +214,6 @@ class Saver:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+        prune(self.ckpt_dir, self.keep, self.in_use())
         if then is not None:
             then(path)

@@ -77,19 +77,16 @@ def load_rows(path: Path, algo, evaluate: bool = False) -> Rows:
                 flat(a["versions"]), segment)
 
 
-def frozen_record(policy, base: str) -> dict | None:
-    """What a checkpoint leaves out: the parameters that never train (a LoRA run's base), by name,
-    with a fingerprint of their values and where they came from (`base`), so that a loader
-    refuses another base instead of pairing the adapters with it. None: everything trains, and a
-    checkpoint holds every weight."""
-    keys = [k for k, v in policy.state_dict(keep_vars=True).items()
+def frozen_keys(policy) -> list[str]:
+    """The state-dict keys of the parameters that never train (a LoRA run's base; none without
+    LoRA, and then a checkpoint holds every weight)."""
+    return [k for k, v in policy.state_dict(keep_vars=True).items()
             if isinstance(v, torch.nn.Parameter) and not v.requires_grad]
-    return {"keys": keys, "fingerprint": frozen_fingerprint(policy, keys), "base": base} if keys else None
 
 
 def frozen_fingerprint(policy, keys: list[str]) -> int:
-    """crc32 over at most 4096 evenly strided values of each named tensor (cheap at 7B: read once
-    at start-up and once per load; a different base differs almost everywhere)."""
+    """crc32 over at most 4096 evenly strided values of each named tensor (cheap at 7B: read per
+    checkpoint and per load; a different base differs almost everywhere)."""
     sd, crc = policy.state_dict(), 0
     for k in keys:
         t = sd[k].detach().reshape(-1)
@@ -140,9 +137,9 @@ def load_init(policy, path: str) -> None:
     keep_own = frozenset(state.get("sft", {}).get("untrained", ()))
     try:
         load_model(policy, model, state.get("frozen"), f"policy.init_from={path}", keep_own)
+    except CheckpointError:
+        raise   # says itself what the checkpoint needs
     except RuntimeError as e:
-        if isinstance(e, CheckpointError):
-            raise
         raise RuntimeError(f"policy.init_from={path} does not fit this policy (policy.name and sizes must match "
                            f"the run that wrote it): {str(e)[:600]}") from e
 
@@ -162,8 +159,11 @@ class TorchLearner:
         self.policy = make_policy(cfg, spec).to(self.device)
         if cfg.policy.init_from:
             load_init(self.policy, cfg.policy.init_from)
-        # A LoRA run's base never changes: checkpoints leave it out (Megatron's keep every weight).
-        self.frozen = None if self.megatron else frozen_record(self.policy, base_of(cfg))
+        # A LoRA run's base never changes: checkpoints leave it out, naming it (a checkpoint's
+        # `frozen`: these keys, a fingerprint of their values, the base in words); Megatron's
+        # checkpoints keep every weight.
+        self.frozen_keys = [] if self.megatron else frozen_keys(self.policy)
+        self.base = base_of(cfg)
         self.export_names = [name for name, _ in self.policy.named_parameters()]   # what Generators load
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
@@ -560,18 +560,17 @@ class TorchLearner:
             dist.all_gather_object(per_rank, opt, group=group)
             opt = {"tp_ranks": per_rank}
         out = {"model": self._trained(self._full_state()), "optimizer": opt}
-        if self.frozen is not None:
-            out["frozen"] = frozen_record(self.policy, self.frozen["base"])   # its fingerprint as it is now
+        if self.frozen_keys:   # the base's fingerprint as it is now
+            out["frozen"] = {"keys": self.frozen_keys, "fingerprint": frozen_fingerprint(self.policy, self.frozen_keys),
+                             "base": self.base}
         if mid_version and self.prox is not None:
             out["prox"] = self._trained(self.prox.state_dict())
         return out
 
     def _trained(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`state` without the frozen base (a LoRA run's checkpoint holds what trains)."""
-        if self.frozen is None:
-            return state
-        frozen = set(self.frozen["keys"])
-        return {k: v for k, v in state.items() if k not in frozen}
+        frozen = set(self.frozen_keys)
+        return {k: v for k, v in state.items() if k not in frozen} if frozen else state
 
     def load_state(self, state: dict) -> None:
         self._full_cache = None
