@@ -92,6 +92,8 @@ def policy(cfg: RunConfig) -> None:
     if not released_openvla(p):   # a released checkpoint resizes the frames to its own towers' input
         require(e.image_size >= p.patch, "env.image_size", e.image_size, f"must be >= policy.patch={p.patch}")
         require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
+    require(p.data_parallel == "replicate" or FAMILIES[p.name].torch, "policy.data_parallel", p.data_parallel,
+            f"policy={p.name} has no torch model to shard: use data_parallel=replicate")
     if p.lm_backend == "megatron":
         megatron(cfg)
     require(p.discrete_state_input or p.name == "pi05", "policy.discrete_state_input", p.discrete_state_input,
@@ -112,6 +114,8 @@ def megatron(cfg: RunConfig) -> None:
     p, c = cfg.policy, cfg.cluster
     require(p.name == "openvla" and p.lm == "llama", "policy.lm_backend", p.lm_backend,
             "the megatron backend trains the Llama LM of policy=openvla: set policy.lm=llama")
+    require(p.data_parallel == "replicate", "policy.data_parallel", p.data_parallel,
+            "lm_backend=megatron splits the model with its own tensor parallelism: use data_parallel=replicate")
     require(c.train_ranks % p.tensor_parallel == 0, "policy.tensor_parallel", p.tensor_parallel,
             f"must divide cluster.train_ranks={c.train_ranks}")
     require(p.heads % p.tensor_parallel == 0 and 128 % p.tensor_parallel == 0, "policy.tensor_parallel",

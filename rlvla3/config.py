@@ -163,6 +163,16 @@ class PolicyConfig:
     tensor_parallel: int = 1
     """lm_backend=megatron: Trainer ranks per model replica (cluster.train_ranks must be a
     multiple; the replicas are data parallel)."""
+    data_parallel: str = "replicate"
+    """How Trainer ranks share the training (torch families, lm_backend=transformers): replicate
+    (every rank holds the whole model and optimizer; one all-reduce of every gradient after
+    backward) | fsdp (FSDP2: each rank holds 1/N of the parameters, gradients and Adam state,
+    gathered layer by layer; gradients reduced during backward; what a 3-7 B model needs to
+    fine-tune in full: python -m rlvla3.bench memory)."""
+    compute_dtype: str = "float32"
+    """data_parallel=fsdp: the Trainer's parameter and compute dtype, float32 | bfloat16 (the
+    parameters are gathered in bf16 and the forward runs under autocast; gradients are reduced
+    and Adam steps in float32 on float32 master weights)."""
     init_from: str = ""
     """A checkpoint (.pt: a run's ckpt/v*.pt or python -m rlvla3.sft's output) whose model weights
     the run starts from, e.g. an SFT warm start; empty: random init (or policy.pretrained)."""
@@ -242,6 +252,12 @@ class PolicyConfig:
         require(self.denoise_steps >= 1, "policy.denoise_steps", self.denoise_steps, "must be >= 1")
         require(self.lm_backend in ("transformers", "megatron"), "policy.lm_backend", self.lm_backend,
                 "use transformers or megatron")
+        require(self.data_parallel in ("replicate", "fsdp"), "policy.data_parallel", self.data_parallel,
+                "use replicate or fsdp")
+        require(self.compute_dtype in ("float32", "bfloat16"), "policy.compute_dtype", self.compute_dtype,
+                "use float32 or bfloat16")
+        require(self.compute_dtype == "float32" or self.data_parallel == "fsdp", "policy.compute_dtype",
+                self.compute_dtype, "bfloat16 training needs policy.data_parallel=fsdp (its mixed-precision policy)")
         require(self.tensor_parallel >= 1, "policy.tensor_parallel", self.tensor_parallel, "must be >= 1")
         require(self.lora_rank >= 0, "policy.lora_rank", self.lora_rank, "must be >= 0 (0: full fine-tuning)")
         require(self.lora_alpha > 0, "policy.lora_alpha", self.lora_alpha, "must be > 0")

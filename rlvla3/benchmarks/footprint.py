@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..policies.base import zero_batch
+
 GB = 1e9
 
 
@@ -70,16 +72,6 @@ def footprint_of(policy, spec, micro_batch: int, copies: int) -> Footprint:
         grads=4.0 * trainable, adam=8.0 * trainable, copies=4.0 * trainable * copies,
         activations=outside + sum(per_layer.values()),
         activations_ckpt=outside + sum(inputs.values()) + max(per_layer.values(), default=0.0))
-
-
-def zero_batch(spec, n: int, device: str | torch.device = "meta") -> tuple[torch.Tensor, ...]:
-    """One micro-batch of observations and stored samples (zeros; token id 1 everywhere)."""
-    with torch.device(device):
-        images = torch.zeros(n, spec.cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
-        proprio = torch.zeros(n, spec.proprio_dim)
-        tokens = torch.ones(n, spec.instruction_len, dtype=torch.int32)
-        sample = torch.zeros(n, *spec.sample.shape, dtype=getattr(torch, spec.sample.dtype))
-    return images, proprio, tokens, sample
 
 
 class _SDPA(torch.autograd.Function):

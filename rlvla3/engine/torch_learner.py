@@ -1,14 +1,17 @@
 """The Trainer's compute half for torch policies: shard rows, advantages (algo.name: GAE for ppo,
 group-normalised outcomes for grpo, successes only for raft, V-trace for vtrace), the clipped
-(decoupled) PPO step, the data-parallel all-reduce, π_prox, the reference policy of the KL term,
-and the model/optimizer part of checkpoints.
+(decoupled) PPO step, data parallelism (policy.data_parallel: one all-reduce of the gradients, or
+FSDP2 in fsdp.py), π_prox, the reference policy of the KL term, and the model/optimizer part of
+checkpoints.
 
 The interface it shares with the emulated learner is in learners.py.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
+import math
 import socket
 import time
 import zlib
@@ -21,9 +24,9 @@ import torch
 
 from ..algo import ALGORITHMS, SegmentError, decoupled_ppo_loss, lr_at, vtrace
 from ..policies import make_policy
-from ..policies.base import flat_params, pick_device
+from ..policies.base import flat_params, pick_device, zero_batch
 from ..policies.lora import trainable
-from . import shards
+from . import fsdp, shards
 from .checkpoints import CheckpointError, load_torch
 from .learners import STAT_KEYS, TERM_KEYS
 from .protocol import GroupAddress, Slice, Tag
@@ -104,20 +107,28 @@ def base_of(cfg) -> str:
     return f"a random initialisation (policy.name={p.name}, seed={cfg.seed})"
 
 
-def load_model(policy, model: dict, frozen: dict | None, source: str, keep_own: frozenset = frozenset()) -> None:
+def load_model(policy, model: dict, frozen: dict | None, source: str, keep_own: frozenset = frozenset(),
+               base_fp: int | None = None) -> None:
     """Load a checkpoint's weights: every one of them (frozen None), or, from a checkpoint that
     holds only what trains, all but its frozen base, which must be this policy's own (same names,
-    same fingerprint). Keys in `keep_own` keep this policy's values."""
+    same fingerprint; `base_fp` gives it where known: a sharded policy's is not on one rank).
+    Keys in `keep_own` keep this policy's values."""
     allowed = set(keep_own)
     if frozen is not None:
         keys = list(frozen["keys"])
-        mine = frozen_fingerprint(policy, keys) if set(keys) <= set(policy.state_dict()) else None
+        mine = None
+        if set(keys) <= set(policy.state_dict()):
+            mine = base_fp if base_fp is not None else frozen_fingerprint(policy, keys)
         if mine != frozen["fingerprint"]:
             raise CheckpointError(f"{source} holds only the weights that train; they were trained on "
                                   f"{frozen['base']} ({len(keys)} frozen tensors), and this policy's frozen "
                                   "weights are not those: build it on that base (the run's config.yaml names it)")
         allowed |= set(keys)
-    missing, unexpected = policy.load_state_dict({k: v for k, v in model.items() if k not in keep_own}, strict=False)
+    todo = {k: v for k, v in model.items() if k not in keep_own}
+    if fsdp.is_sharded(next(policy.parameters())):
+        missing, unexpected = fsdp.load_state(policy, todo)
+    else:
+        missing, unexpected = policy.load_state_dict(todo, strict=False)
     if unexpected or set(missing) - allowed:
         raise RuntimeError(f"missing keys {sorted(set(missing) - allowed)}, unexpected keys {sorted(unexpected)}")
 
@@ -154,8 +165,10 @@ class TorchLearner:
         self.megatron = cfg.policy.lm_backend == "megatron"
         self.tp = cfg.policy.tensor_parallel if self.megatron else 1
         self.dp_size, self.dp_index = n_trainers // self.tp, index // self.tp
-        # weights() and state() gather the LM's shards: every Trainer rank calls them together.
-        self.collective = self.megatron
+        # data_parallel=fsdp: each rank holds 1/N of every weight (fsdp.py), sharded in connect().
+        self.fsdp = cfg.policy.data_parallel == "fsdp"
+        # weights() and state() gather the model's shards: every Trainer rank calls them together.
+        self.collective = self.megatron or (self.fsdp and n_trainers > 1)
         self.policy = make_policy(cfg, spec).to(self.device)
         if cfg.policy.init_from:
             load_init(self.policy, cfg.policy.init_from)
@@ -164,6 +177,8 @@ class TorchLearner:
         # checkpoints keep every weight.
         self.frozen_keys = [] if self.megatron else frozen_keys(self.policy)
         self.base = base_of(cfg)
+        # Read before any sharding (a sharded base is not on one rank); the base never changes.
+        self.base_fp = frozen_fingerprint(self.policy, self.frozen_keys) if self.frozen_keys else None
         self.export_names = [name for name, _ in self.policy.named_parameters()]   # what Generators load
         self.loaded: dict[str, Rows] = {}
         self.bad: set[str] = set()
@@ -173,7 +188,7 @@ class TorchLearner:
         self.prox = self.ref = None
         self.lm_config, self.tp_rank = None, 0   # Megatron: set when connect() swaps the LM in
         self._full_cache = None                  # Megatron: the gathered state until the next step
-        if not self.megatron:   # Megatron: after connect(), on the swapped-in LM
+        if not (self.megatron or self.fsdp):   # after connect(), on the swapped-in LM or the shards
             self._setup_optimizer()
 
     def _setup_optimizer(self) -> None:
@@ -190,8 +205,9 @@ class TorchLearner:
     # ------------------------------------------------------------ setup
     def connect(self, transport, train_ranks: list[int]) -> None:
         """Process group over the Trainer ranks (Trainer 0 picks a port and tells the rest): data
-        parallel, and with lm_backend=megatron also Megatron's tensor-parallel groups."""
-        if self.n == 1 and not self.megatron:
+        parallel, and with lm_backend=megatron also Megatron's tensor-parallel groups; FSDP shards
+        the model over it (one rank included: the same path)."""
+        if self.n == 1 and not (self.megatron or self.fsdp):
             return
         import torch.distributed as dist
 
@@ -214,6 +230,9 @@ class TorchLearner:
                                 world_size=self.n, timeout=timedelta(seconds=self.cfg.runtime.startup_timeout))
         if self.megatron:
             self._to_megatron()
+        elif self.fsdp:
+            fsdp.shard(self.policy, self.device, self.cfg.policy.compute_dtype)
+            self._setup_optimizer()
 
     def _to_megatron(self) -> None:
         """Swap the policy's transformers LM for its Megatron copy (same weights, this rank's shard)."""
@@ -236,7 +255,13 @@ class TorchLearner:
         return lm.to(self.device)
 
     def _clone(self):
-        """A frozen copy of the policy (for Megatron a fresh replica: its modules hold process groups)."""
+        """A frozen copy of the policy (for Megatron and FSDP a fresh replica: its modules hold
+        process groups; FSDP's is built as the policy was and sharded the same way)."""
+        if self.fsdp:
+            twin = make_policy(self.cfg, self.spec).to(self.device)
+            fsdp.shard(twin, self.device, self.cfg.policy.compute_dtype)
+            fsdp.copy_model(twin, self.policy)
+            return twin.eval()
         if not self.megatron:
             # Frozen weights (a LoRA base) never change: the copy shares them.
             frozen = {id(p): p for p in self.policy.parameters() if not p.requires_grad}
@@ -254,6 +279,9 @@ class TorchLearner:
             return None
         if self.prox is not None and self.megatron:
             self.prox.load_state_dict(self.policy.state_dict())   # reuse the replica
+            return self.prox
+        if self.prox is not None and self.fsdp:
+            fsdp.copy_model(self.prox, self.policy)
             return self.prox
         return self._clone()
 
@@ -298,22 +326,29 @@ class TorchLearner:
             sums = torch.zeros(1 + len(STAT_KEYS), dtype=torch.float64)
             sums[0] = sum(s.stop - s.start for s in slices if s.owner == self.dp_index)
             return np.array(self._allreduce_stats(sums))
-        batch = self._gather([s for s in slices if s.owner == self.dp_index])
+        with self._prox_whole():
+            batch = self._gather([s for s in slices if s.owner == self.dp_index])
         self.opt.zero_grad(set_to_none=False)
         sums = torch.zeros(1 + len(STAT_KEYS), dtype=torch.float64)
-        count = 0
         if self.cfg.algo.norm_adv:
             self._normalize_adv(batch)
         if batch is not None:
-            count = float(batch["valid"].sum())
+            sums[0] = float(batch["valid"].sum())
             sums[-1] = float(batch.pop("stale").sum())
-            for i in range(0, batch["adv"].shape[0], self.cfg.algo.micro_batch):
-                mb = {k: v[i:i + self.cfg.algo.micro_batch].to(self.device) for k, v in batch.items()}
+        mb_rows = self.cfg.algo.micro_batch
+        mine = 0 if batch is None else math.ceil(batch["adv"].shape[0] / mb_rows)
+        for i in range(self._lockstep(mine)):
+            if i < mine:
+                mb = {k: v[i * mb_rows:(i + 1) * mb_rows].to(self.device) for k, v in batch.items()}
+            else:   # FSDP: every rank runs as many forwards as the busiest; this one weighs nothing
+                mb = self._idle_micro_batch()
+            with self._autocast():
                 terms = self._loss(mb)
-                terms.total.backward()
+            terms.total.backward()
+            if i < mine:
                 sums[1:1 + len(TERM_KEYS)] += torch.tensor([float(getattr(terms, k)) for k in TERM_KEYS], dtype=torch.float64)
-        sums[0] = count
-        total = self._allreduce(sums)
+        # FSDP reduced the gradients during backward; only the statistics are left to sum.
+        total = torch.tensor(self._allreduce_stats(sums), dtype=torch.float64) if self.fsdp else self._allreduce(sums)
         if total[0] > 0:
             for p in self.params:
                 p.grad.div_(float(total[0]))
@@ -322,6 +357,36 @@ class TorchLearner:
             self._set_lr(opt_step)
             self.opt.step()
         return total.numpy()
+
+    def _lockstep(self, mine: int) -> int:
+        """The micro-batches this rank runs: its own, or under FSDP (every forward and backward
+        is a collective) as many as the rank with the most."""
+        if not (self.fsdp and self.n > 1):
+            return mine
+        import torch.distributed as dist
+
+        t = torch.tensor([mine], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
+    def _idle_micro_batch(self) -> dict[str, torch.Tensor]:
+        """One row of zeros whose weight (valid) is 0: its loss and gradient are zero."""
+        images, proprio, tokens, sample = zero_batch(self.spec, 1, self.device)
+        zeros = torch.zeros(1, device=self.device)
+        per_token = self.cfg.algo.ratio == "token"   # one log-prob per action coordinate
+        prox = torch.zeros(1, self.spec.chunk * self.spec.action_dim, device=self.device) if per_token else zeros
+        return {"images": images, "proprio": proprio, "tokens": tokens, "sample": sample, "valid": zeros,
+                "logp_behav": zeros, "logp_prox": prox, "adv": zeros, "ret": zeros}
+
+    def _autocast(self):
+        return fsdp.autocast(self.device, self.cfg.policy.compute_dtype)
+
+    def _prox_whole(self):
+        """FSDP: π_prox gathered whole for the shard loading's forwards (their count differs from
+        rank to rank: stale rows, the log-prob check), freed after; a no-op otherwise."""
+        if self.fsdp and self.prox is not None and not self.cfg.runtime.evaluate:
+            return fsdp.gathered(self.prox)
+        return contextlib.nullcontext()
 
     def _set_lr(self, opt_step: int) -> None:
         a = self.cfg.algo
@@ -403,13 +468,13 @@ class TorchLearner:
         in micro-batches."""
         logps, values = [], []
         mb = self.cfg.algo.micro_batch
-        with torch.no_grad():
+        with torch.no_grad(), self._autocast():
             for i in range(0, len(idx), mb):
                 j = idx[i:i + mb]
                 lp, _, v = self.prox.evaluate(*(getattr(rows, k)[j].to(self.device) for k in ("images", "proprio", "tokens", "sample")),
                                               per_token=per_token)
-                logps.append(lp.cpu())
-                values.append(v.cpu())
+                logps.append(lp.float().cpu())
+                values.append(v.float().cpu())
         return torch.cat(logps), torch.cat(values)
 
     def _fill_prox(self, rows: Rows, start: int, stop: int) -> None:
@@ -522,7 +587,7 @@ class TorchLearner:
 
     def _load_full_state(self, model, state: dict[str, torch.Tensor], frozen: dict | None = None) -> None:
         if not self.megatron:
-            load_model(model, state, frozen, "the checkpoint")
+            load_model(model, state, frozen, "the checkpoint", base_fp=self.base_fp)
             return
         from .megatron_lm import hf_to_mcore
 
@@ -538,18 +603,37 @@ class TorchLearner:
         as on-policy). Without π_prox no row's version decides anything, so the model serves.
         Megatron gathers the model's shards and does not yet publish π_prox: after a mid-version
         resume it still republishes the moved-on model under the version's number."""
+        if self.fsdp:
+            return self._gather_trainable(self.prox if self.prox is not None else self.policy)
         if not self.megatron:
             return flat_params(self.prox if self.prox is not None else self.policy)
         state = self._full_state()
         return torch.cat([state[name].detach().float().reshape(-1).cpu() for name in self.export_names]).numpy()
 
+    def _gather_trainable(self, model) -> np.ndarray | None:
+        """FSDP: flat float32 trainable parameters on Trainer 0, gathered one tensor at a time
+        (collective; the other ranks keep nothing)."""
+        parts = []
+        for p in trainable(model):
+            whole = fsdp.full(p.detach())
+            if self.index == 0:
+                parts.append(whole.float().reshape(-1).cpu())
+        return torch.cat(parts).numpy() if parts else None
+
     def digest(self) -> str:
-        """sha256 of this rank's parameters (data-parallel replicas must agree)."""
+        """sha256 of this rank's parameters (data-parallel replicas must agree; under FSDP, of
+        this rank's shards)."""
+        if self.fsdp:
+            local = [p.detach().to_local().float().reshape(-1).cpu() for p in trainable(self.policy)]
+            return hashlib.sha256(torch.cat(local).numpy().tobytes()).hexdigest()
         return hashlib.sha256(flat_params(self.policy).tobytes()).hexdigest()
 
     def state(self, mid_version: bool) -> dict:
         """Model (transformers layout, whatever the backend) and optimizer; with Megatron the
-        optimizer state of every TP rank, in rank order (collective)."""
+        optimizer state of every TP rank, in rank order (collective); with FSDP whole tensors
+        gathered to Trainer 0, the optimizer's keyed by parameter name (collective)."""
+        if self.fsdp:
+            return self._fsdp_state(mid_version)
         opt = self.opt.state_dict()
         if self.megatron:
             import torch.distributed as dist
@@ -560,12 +644,23 @@ class TorchLearner:
             dist.all_gather_object(per_rank, opt, group=group)
             opt = {"tp_ranks": per_rank}
         out = {"model": self._trained(self._full_state()), "optimizer": opt}
-        if self.frozen_keys:   # the base's fingerprint as it is now
-            out["frozen"] = {"keys": self.frozen_keys, "fingerprint": frozen_fingerprint(self.policy, self.frozen_keys),
-                             "base": self.base}
         if mid_version and self.prox is not None:
             out["prox"] = self._trained(self.prox.state_dict())
-        return out
+        return {**out, **self._frozen_record()}
+
+    def _fsdp_state(self, mid_version: bool) -> dict:
+        keep, skip = self.index == 0, frozenset(self.frozen_keys)
+        out = {"model": fsdp.gather_state(self.policy, skip, keep),
+               "optimizer": fsdp.optimizer_state(self.policy, self.opt, keep)}
+        if mid_version and self.prox is not None:
+            out["prox"] = fsdp.gather_state(self.prox, skip, keep)
+        return {**out, **self._frozen_record()}
+
+    def _frozen_record(self) -> dict:
+        """What a checkpoint that leaves the frozen base out says of it (empty without one)."""
+        if not self.frozen_keys:
+            return {}
+        return {"frozen": {"keys": self.frozen_keys, "fingerprint": self.base_fp, "base": self.base}}
 
     def _trained(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """`state` without the frozen base (a LoRA run's checkpoint holds what trains)."""
@@ -577,11 +672,14 @@ class TorchLearner:
         frozen = state.get("frozen")
         self._load_full_state(self.policy, state["model"], frozen)
         opt = state["optimizer"]
-        self.opt.load_state_dict(opt["tp_ranks"][self.tp_rank] if "tp_ranks" in opt else opt)
+        if self.fsdp:
+            fsdp.load_optimizer_state(self.policy, self.opt, opt)
+        else:
+            self.opt.load_state_dict(opt["tp_ranks"][self.tp_rank] if "tp_ranks" in opt else opt)
         if self.prox is not None:
             # Mid-version: π_prox as saved; at a version boundary it equals the model.
             if "prox" in state:
-                load_model(self.prox, state["prox"], frozen, "the checkpoint's π_prox")
+                load_model(self.prox, state["prox"], frozen, "the checkpoint's π_prox", base_fp=self.base_fp)
             else:
                 self._load_full_state(self.prox, state["model"], frozen)
 

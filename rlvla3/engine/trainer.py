@@ -371,12 +371,13 @@ class Trainer:
             return False
         self.preempted = True
         if self.learner.collective:
-            # A Megatron checkpoint needs every Trainer rank, which only the leader knows of the
-            # signal: the job resumes from the last version checkpoint (its ledger re-trains the rest).
+            # A sharded model's checkpoint (Megatron, FSDP) needs every Trainer rank, which only the
+            # leader knows of the signal: the job resumes from the last version checkpoint (its
+            # ledger re-trains the rest).
             done = checkpoints.all_ckpts(self.ckpt_dir)
             name = done[-1].name if done else "none"
-            print(f"[trainer 0] preemption signal: lm_backend=megatron saves no mid-version checkpoint; "
-                  f"resume from {name}", flush=True)
+            print(f"[trainer 0] preemption signal: a model sharded over Trainer ranks saves no mid-version "
+                  f"checkpoint; resume from {name}", flush=True)
             self.transport.send(0, Tag.CKPT_ACK, CheckpointAck(name))
             return True
         path = self.saver.write_now(self._ckpt_state(), self._ckpt_path())

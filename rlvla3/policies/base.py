@@ -37,6 +37,14 @@ class Policy(nn.Module):
     # Submodules whose transformer layers write a KV cache in `evaluate` (not checkpointed).
     cache_writers: tuple[str, ...] = ()
 
+    def shard_units(self) -> list[nn.Module]:
+        """The modules policy.data_parallel=fsdp shards as one unit each (gathered just before
+        their forward, freed after it): the transformer layers. A unit must be entered through
+        its forward; a family that reaches into a layer's parts names those parts instead."""
+        from transformers.modeling_layers import GradientCheckpointingLayer
+
+        return [m for m in self.modules() if isinstance(m, GradientCheckpointingLayer)]
+
     def act(self, images, proprio, tokens, noise):
         raise NotImplementedError
 
@@ -61,6 +69,17 @@ class Policy(nn.Module):
     def bc_loss(self, images, proprio, tokens, sample, actions):
         """Behaviour cloning loss per sample [n] (SFT): -log pi(expert sample | obs)."""
         return -self.evaluate(images, proprio, tokens, sample)[0]
+
+
+def zero_batch(spec, n: int, device: str | torch.device = "meta") -> tuple[torch.Tensor, ...]:
+    """One micro-batch of observations and stored samples (zeros; token id 1 everywhere): the
+    Trainer's zero-weight micro-batch, and the memory benchmark's input."""
+    with torch.device(device):
+        images = torch.zeros(n, spec.cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
+        proprio = torch.zeros(n, spec.proprio_dim)
+        tokens = torch.ones(n, spec.instruction_len, dtype=torch.int32)
+        sample = torch.zeros(n, *spec.sample.shape, dtype=getattr(torch, spec.sample.dtype))
+    return images, proprio, tokens, sample
 
 
 def gumbel_argmax(logp_all: torch.Tensor, uniform_noise: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,8 @@ from rlvla3.world import derive, sharding_plan
     ("algo.ratio=tokens", "algo.ratio"),
     ("generator.greedy=true", "generator.greedy"),
     ("policy.discrete_state_input=false", "policy.discrete_state_input"),   # toy's tiny VLA reads a proprio token
+    ("policy.data_parallel=zero3", "policy.data_parallel"),
+    ("policy.compute_dtype=bfloat16", "policy.compute_dtype"),   # bf16 needs FSDP's mixed precision
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -76,6 +78,13 @@ def test_megatron_with_a_released_folder_is_refused_before_any_rank_starts(tmp_p
     derive(compose(megatron))   # random init: the Megatron path
     with pytest.raises(ConfigError, match=r"policy.pretrained=.*lm_backend=megatron trains a random-initialised Llama only"):
         derive(compose([*megatron, f"policy.pretrained={tmp_path / 'llama'}"]))
+    with pytest.raises(ConfigError, match=r"policy.data_parallel='fsdp'.*its own tensor parallelism"):
+        derive(compose([*megatron, "policy.data_parallel=fsdp"]))
+
+
+def test_fsdp_is_refused_for_a_family_without_a_torch_model():
+    with pytest.raises(ConfigError, match=r"policy.data_parallel='fsdp'.*policy=emulated has no torch model"):
+        derive(compose(["+experiment=emulated", "policy.data_parallel=fsdp"]))
 
 
 def test_unknown_key_and_wrong_type_fail_at_compose():

@@ -228,3 +228,11 @@ class Pi05Flow(Pi0Flow):
 
     def velocity(self, cache, mask, state, x, t):
         return self.model.velocity(cache, mask, x, t)   # the state is in the prompt
+
+    def shard_units(self):
+        """The expert's layers are entered part by part (Pi05Model.velocity conditions each norm
+        on the time): their attention and MLP are the units; the VLM's layers are whole."""
+        expert = self.model.model.dit.layers
+        parts = [m for layer in expert for m in (layer.self_attn, layer.mlp)]
+        inside = {id(m) for layer in expert for m in layer.modules()}
+        return [m for m in super().shard_units() if id(m) not in inside] + parts

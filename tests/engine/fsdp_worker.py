@@ -1,0 +1,87 @@
+"""One rank of tests/engine/test_fsdp.py, run under torch.distributed.run (gloo, CPU).
+
+Builds a tiny π0.5 (real PaliGemma + Gemma expert layers) twice, one sharded with rlvla3's FSDP
+path and one whole, trains both one Adam step on the same rows (the sharded one on this rank's
+half of them) and writes what the test checks to <out>/rank<r>.json.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main(out: Path, compute_dtype: str) -> None:
+    from rlvla3.cluster.compose import compose
+    from rlvla3.engine import fsdp
+    from rlvla3.policies import make_policy
+    from rlvla3.policies.base import zero_batch
+    from rlvla3.world import spec
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = compose(["+experiment=libero_pi05", "policy.device=cpu", "env.image_size=32"])
+    sp = spec(cfg)
+    device = torch.device("cpu")
+    whole, sharded = make_policy(cfg, sp), make_policy(cfg, sp)
+    fsdp.shard(sharded, device, compute_dtype)
+
+    # Rows that differ from one another, the same on every rank (seeded).
+    g = torch.Generator().manual_seed(1)
+    images, proprio, tokens, sample = zero_batch(sp, 4, "cpu")
+    images = torch.randint(0, 255, images.shape, generator=g, dtype=torch.uint8)
+    proprio = torch.randn(proprio.shape, generator=g)
+    sample = torch.randn(sample.shape, generator=g) * 0.3
+    rows = (images, proprio, tokens, sample)
+
+    def step(model, part) -> float:
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3, eps=1e-5)
+        with fsdp.autocast(device, compute_dtype if model is sharded else "float32"):
+            logp, _, value = model.evaluate(*part)
+        loss = -(logp.float().sum() * 1e-3) + value.float().pow(2).sum()
+        loss.backward()
+        opt.step()
+        return opt, float(loss)
+
+    _, loss_whole = step(whole, rows)
+    mine = tuple(t[rank::world] for t in rows)   # this rank's rows; the gradients are summed over ranks
+    opt, _ = step(sharded, mine)
+
+    state = fsdp.gather_state(sharded)
+    diff = max(float((state[k] - v.detach()).abs().max()) for k, v in whole.state_dict().items())
+    grads_fp32 = all(p.grad.dtype == torch.float32 for p in sharded.parameters() if p.grad is not None)
+
+    # Round trips: the gathered model and optimizer into a fresh sharded replica.
+    twin = make_policy(cfg, sp)
+    fsdp.shard(twin, device, compute_dtype)
+    missing, unexpected = fsdp.load_state(twin, state)
+    twin_opt = torch.optim.Adam([p for p in twin.parameters() if p.requires_grad], lr=1e-3, eps=1e-5)
+    saved = [fsdp.optimizer_state(sharded, opt, keep=True)]   # every rank joins; rank 0's is whole
+    dist.broadcast_object_list(saved, src=0)                   # as every rank reads the checkpoint file
+    fsdp.load_optimizer_state(twin, twin_opt, saved[0])
+    round_trip = max(float((a.to_local() - b.to_local()).abs().max()) if a.to_local().numel() else 0.0
+                     for a, b in zip(twin.state_dict().values(), sharded.state_dict().values()) if fsdp.is_sharded(a))
+    moments = [(twin_opt.state[a]["exp_avg"].to_local(), opt.state[b]["exp_avg"].to_local())
+               for a, b in zip(twin.parameters(), sharded.parameters()) if b in opt.state]
+    opt_round_trip = max(float((x - y).abs().max()) if x.numel() else 0.0 for x, y in moments)
+
+    # Each rank its own number of forwards on the gathered model: no collective inside.
+    with torch.no_grad(), fsdp.autocast(device, compute_dtype):
+        with fsdp.gathered(sharded):
+            for _ in range(1 + 2 * rank):
+                sharded.evaluate(*mine)
+        sharded.evaluate(*mine)   # and collectives still pair up after it
+    masters = sorted({str(p.dtype) for p in sharded.parameters()})
+
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "max_param_diff": diff, "loss_whole": loss_whole, "grads_fp32": grads_fp32,
+        "missing": missing, "unexpected": unexpected, "round_trip": round_trip, "opt_round_trip": opt_round_trip,
+        "moments": len(moments), "masters": masters}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2])
