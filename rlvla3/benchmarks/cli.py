@@ -2,6 +2,7 @@
    `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [--size tiny|published] [overrides...]`
    `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`
+   `python -m rlvla3.bench parity [--families openvla_oft,pi05] [--ranks 1,2,4] [overrides...]`   (FSDP against one rank)
    `python -m rlvla3.bench faults [--minutes 10] [--seed 0] [overrides...]`
    `python -m rlvla3.bench ckpt [--params 1e6,1e7,1e8] [--repeats 3] [--versions 50]`
    `python -m rlvla3.bench serving --params 1e8 --generators 4 [--versions 8]`   (replies while a version arrives)
@@ -24,7 +25,7 @@ from .families import FAMILY_RUNS
 from .sims import LIBERO_TASKS, SIM_TASKS
 from .throughput import WORKLOADS
 
-BENCHES = ("throughput", "weights", "families", "memory", "sims", "faults", "shards", "latency", "obs", "ckpt", "serving")
+BENCHES = ("throughput", "weights", "families", "memory", "sims", "faults", "shards", "latency", "obs", "ckpt", "serving", "parity")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--chunks", default="1", help="sims: action chunk lengths of the random-action rows (a row each)")
     ap.add_argument("--batches", default="1,8,32", help="families: batch sizes")
     ap.add_argument("--families", default="", help=f"families: a comma list of {','.join(FAMILY_RUNS)} (default: all); "
-                                                   "memory: of openvla,openvla_oft,pi0,pi05")
+                                                   "memory: of openvla,openvla_oft,pi0,pi05; parity: of openvla_oft,pi05")
+    ap.add_argument("--ranks", default="", help="parity: FSDP Trainer rank counts (default 1,2,4)")
     ap.add_argument("--copies", type=int, default=1, help="memory: frozen copies of the trainable weights (π_prox, a KL reference)")
     ap.add_argument("--repeats", type=int, default=5, help="families, shards, obs, ckpt: timed repeats per measurement (median)")
     ap.add_argument("--size", choices=["tiny", "published"], default="tiny",

@@ -85,9 +85,26 @@ class _SDPA(torch.autograd.Function):
         return out
 
 
-class FusedAttention(torch.overrides.TorchFunctionMode):
+def _matmuls() -> frozenset:
+    F = torch.nn.functional
+    return frozenset({F.linear, F.conv2d, F.scaled_dot_product_attention, torch.matmul, torch.mm, torch.bmm,
+                      torch.addmm, torch.baddbmm, torch.einsum, torch.Tensor.matmul, torch.Tensor.__matmul__})
+
+
+class GpuKernels(torch.overrides.TorchFunctionMode):
+    """What the meta device does not do as a GPU does: attention as fused kernels keep it, and,
+    given `autocast_dtype`, autocast's cast of the inputs of matmuls, convolutions and attention
+    (autocast does not run on the meta device, where mixed dtypes silently promote)."""
+
+    def __init__(self, autocast_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.dtype, self.matmuls = autocast_dtype, _matmuls()
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.dtype is not None and func in self.matmuls:
+            cast = lambda t: t.to(self.dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+            args, kwargs = torch.utils._pytree.tree_map(cast, (args, kwargs))
         if func is torch.nn.functional.scaled_dot_product_attention:
             q, k, v, *rest = args
             return _SDPA.apply(q, k, v, rest[0] if rest else kwargs.get("attn_mask"))
@@ -100,9 +117,10 @@ def identity(t: torch.Tensor) -> int:
     return id(t) if t.is_meta else t.untyped_storage().data_ptr()
 
 
-def _saved_bytes(policy, layers, spec, n: int) -> tuple[dict[str, float], dict[str, float], float]:
-    """Bytes saved for backward by `policy.evaluate` on n rows: per layer of `layers` (name ->
-    module), each layer's input hidden state, and the rest. A tensor is counted once (views
+def _saved_bytes(policy, layers, spec, n: int, autocast_dtype: torch.dtype | None = None,
+                 ) -> tuple[dict[str, float], dict[str, float], float]:
+    """Bytes saved for backward by `policy.evaluate` on n rows (under autocast to `autocast_dtype`,
+    when given): per layer of `layers` (name -> module), each layer's input hidden state, and the rest. A tensor is counted once (views
     count as their base; off the meta device, tensors sharing a storage once), parameters not at all."""
     params = {identity(p) for p in policy.parameters()}
     seen: dict[int, torch.Tensor] = {}   # holds what it saw: a freed tensor's id could come back
@@ -137,7 +155,7 @@ def _saved_bytes(policy, layers, spec, n: int) -> tuple[dict[str, float], dict[s
     handles = [m.register_forward_pre_hook(enter(name), with_kwargs=True) for name, m in layers]
     handles += [m.register_forward_hook(leave) for _, m in layers]
     try:
-        with no_value_checks(), FusedAttention(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with no_value_checks(), GpuKernels(autocast_dtype), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             # The loss on evaluate's [n]-sized outputs saves next to nothing more.
             policy.evaluate(*zero_batch(spec, n, next(policy.parameters()).device))
     finally:
@@ -178,3 +196,69 @@ def largest_micro_batch(one: Footprint, per_row: float, checkpointing: bool, cap
                         margin: float = 0.1) -> int:
     """The largest micro-batch whose footprint stays within (1 - margin) of `capacity` bytes."""
     return max(0, int(((1 - margin) * capacity - one.total(checkpointing)) // per_row) + 1)
+
+
+@dataclass
+class ShardedFootprint:
+    """One Trainer rank's GPU memory under policy.data_parallel=fsdp with compute_dtype=bfloat16,
+    over any number of ranks (engine/fsdp.py):
+
+    - sharded over the ranks: every weight in its dtype (float32 masters of what trains, the
+      frozen base in policy.lora_base_dtype), float32 gradients and Adam's moments of what trains,
+      and the π_prox / KL-reference replicas (each a whole policy, base included);
+    - gathered in bf16, whole on every rank: the root's parameters for the whole forward (what no
+      transformer layer holds) and two layers at a time (the one running, the next one
+      prefetched), with the running layer's gradient in bf16 and float32 before its reduction;
+    - activations of the forward under autocast to bf16;
+    - once per optimizer step, before the micro-batches: π_prox gathered whole in bf16 for the
+      forwards of loading the step's rows (only with a π_prox copy).
+    """
+
+    trainable: int
+    frozen: int
+    sharded: float           # bytes, divided over the ranks
+    gathered: float          # bytes whole on every rank during the micro-batches
+    prox_whole: float        # bytes whole on every rank while the step's rows load
+    activations: float       # micro-batch 1, bf16, under the configured checkpointing
+    per_row: float           # each further row
+    ckpt: float              # a checkpoint's bytes: what trains and its Adam state, never the frozen base
+
+    def peak(self, gpus: int, micro_batch: int) -> float:
+        train = self.gathered + self.activations + (micro_batch - 1) * self.per_row
+        return self.sharded / gpus + max(train, self.prox_whole)
+
+    def largest_micro_batch(self, gpus: int, capacity: float, margin: float = 0.1) -> int:
+        room = (1 - margin) * capacity - self.sharded / gpus
+        if room < self.prox_whole or room < self.gathered + self.activations:
+            return 0
+        return int((room - self.gathered - self.activations) // self.per_row) + 1
+
+
+def sharded_footprint(cfg, spec, copies: int) -> ShardedFootprint:
+    """ShardedFootprint of `cfg.policy` at its published size, measured on the meta device."""
+    policy = published_policy(cfg, spec)
+    params = list(policy.parameters())
+    total = sum(p.numel() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    weights = float(sum(p.numel() * p.element_size() for p in params))
+    units = [sum(p.numel() for p in u.parameters()) for u in policy.shard_units()]
+    root, largest = total - sum(units), max(units, default=0)
+    frozen = {id(p) for p in params if not p.requires_grad}
+    kept = float(sum(v.numel() * v.element_size() for v in policy.state_dict(keep_vars=True).values() if id(v) not in frozen))
+    ckpt = kept + 8.0 * trainable   # the model part and Adam's two float32 moments
+    from ..policies import checkpointed_layers
+
+    layers = checkpointed_layers(policy)
+    policy = policy.to(torch.bfloat16)   # FSDP's gathered parameters
+    act = []
+    for n in (1, 2):
+        per_layer, inputs, outside = _saved_bytes(policy, layers, spec, n, torch.bfloat16)
+        whole = outside + sum(per_layer.values())
+        act.append(outside + sum(inputs.values()) + max(per_layer.values(), default=0.0)
+                   if cfg.policy.grad_checkpointing else whole)
+    return ShardedFootprint(
+        trainable=trainable, frozen=total - trainable,
+        sharded=weights + 12.0 * trainable + copies * weights,
+        gathered=2.0 * (root + 2 * largest) + 6.0 * largest,
+        prox_whole=2.0 * total if copies else 0.0,
+        activations=act[0], per_row=act[1] - act[0], ckpt=ckpt)

@@ -1,12 +1,15 @@
-"""`python -m rlvla3.bench memory`: the Trainer's GPU memory for each family at its published
-size, in each training configuration, measured on the meta device (footprint.py: no
-weights read, nothing allocated; a few seconds per row on a CPU), and the largest micro-batch
-that fits an 80 GB and a 141 GB GPU with a 10% margin.
+"""`python -m rlvla3.bench memory`: one Trainer GPU's memory for each family at its published
+size, LoRA and full fine-tuning, over 1, 2, 4 and 8 GPUs of 80 and 141 GB, as rlvla3 trains them
+there (policy.data_parallel=fsdp, compute_dtype=bfloat16, checkpointing as the preset sets it),
+measured on the meta device (footprint.py: no weights read, nothing allocated; seconds per
+family and mode on a CPU).
 
 Each family runs as its committed LIBERO preset sets it up (conf/experiment/libero_<family>.yaml:
 224 x 224 images, openvla one camera and the others two, OFT chunks of 8, π0/π0.5 chunks of 50
-with 10 denoising steps); async PPO keeps one π_prox copy of the trainable weights (`--copies`).
-The "preset" column is the footprint at the preset's own micro-batch.
+with 10 denoising steps); async PPO keeps one π_prox replica (`--copies`). Per row: the largest
+micro-batch within 90% of the GPU (0: none fits), the peak at that micro-batch (at 1 when none
+fits), and a checkpoint's size (what trains and its Adam state: a LoRA run's leaves the frozen
+base out).
 """
 from __future__ import annotations
 
@@ -14,14 +17,10 @@ from ..cluster.compose import compose
 from ..policies.registry import PUBLISHED
 from .common import chosen_families, save_rows
 
-GPUS = {"80GB": 80e9, "141GB": 141e9}
+GPU_GB = (80, 141)
+GPUS = (1, 2, 4, 8)
 PUBLISHED_RUNS = {name: [f"+experiment=libero_{name}"] for name in PUBLISHED}   # each family's LIBERO preset
-CONFIGS = {   # label -> overrides
-    "full": ["policy.lora_rank=0", "policy.grad_checkpointing=false"],
-    "full+ckpt": ["policy.lora_rank=0", "policy.grad_checkpointing=true"],
-    "lora32": ["policy.lora_rank=32", "policy.grad_checkpointing=false"],
-    "lora32+ckpt (default)": ["policy.lora_rank=32", "policy.grad_checkpointing=true"],
-}
+MODES = {"lora": ["policy.lora_rank=32"], "full": ["policy.lora_rank=0"]}
 
 
 def run(a) -> int:
@@ -30,26 +29,23 @@ def run(a) -> int:
     from . import footprint
 
     gb = footprint.GB
-    print(f"{'family':12s} {'config':22s} {'trainable':>10s} {'frozen':>8s} {'weights':>8s} {'grad+adam':>9s} {'copies':>7s} "
-          f"{'act/row':>8s} {'@mb1':>7s} {'preset':>12s} " + " ".join(f"{'mb@' + g:>9s}" for g in GPUS))
+    print(f"{'family':12s} {'mode':5s} {'gpus':>4s} {'gpu_gb':>6s} {'micro_batch':>11s} {'peak_gb':>8s} {'ckpt_gb':>8s}")
     rows = []
     for name in chosen_families(a.families, PUBLISHED_RUNS):
-        for label, over in CONFIGS.items():
-            cfg = compose([*PUBLISHED_RUNS[name], *over, *a.overrides])
-            one, per_row = footprint.fitted(cfg, spec(cfg), a.copies)
-            ckpt = cfg.policy.grad_checkpointing
-            fits = {g: footprint.largest_micro_batch(one, per_row, ckpt, cap) for g, cap in GPUS.items()}
-            row = {"family": name, "config": label, "trainable": one.trainable, "frozen": one.frozen,
-                   "weights_gb": one.weights / gb, "grads_adam_gb": (one.grads + one.adam) / gb,
-                   "copies_gb": one.copies / gb, "act_per_row_gb": per_row / gb, "total_mb1_gb": one.total(ckpt) / gb,
-                   "preset_micro_batch": cfg.algo.micro_batch,
-                   "total_preset_gb": (one.total(ckpt) + (cfg.algo.micro_batch - 1) * per_row) / gb,
-                   **{f"micro_batch_{g}": v for g, v in fits.items()}}
-            rows.append(row)
-            preset = f"{row['total_preset_gb']:6.1f}@mb{cfg.algo.micro_batch:<3d}"
-            print(f"{name:12s} {label:22s} {one.trainable / 1e9:9.3f}B {one.frozen / 1e9:7.2f}B {row['weights_gb']:8.1f} "
-                  f"{row['grads_adam_gb']:9.1f} {row['copies_gb']:7.1f} {row['act_per_row_gb']:8.2f} "
-                  f"{row['total_mb1_gb']:7.1f} {preset} " + " ".join(f"{fits[g]:9d}" for g in GPUS), flush=True)
-    print("GB = 1e9 bytes; mb@N: the largest micro-batch within 90% of an N GPU (0: does not fit)")
+        for mode, over in MODES.items():
+            cfg = compose([*PUBLISHED_RUNS[name], *over, "policy.data_parallel=fsdp", "policy.compute_dtype=bfloat16",
+                           *a.overrides])
+            f = footprint.sharded_footprint(cfg, spec(cfg), a.copies)
+            for gpus in GPUS:
+                for cap in GPU_GB:
+                    mb = f.largest_micro_batch(gpus, cap * gb)
+                    peak = f.peak(gpus, max(mb, 1)) / gb
+                    rows.append({"family": name, "mode": mode, "gpus": gpus, "gpu_gb": cap, "micro_batch": mb,
+                                 "peak_gb": peak, "ckpt_gb": f.ckpt / gb, "trainable": f.trainable, "frozen": f.frozen,
+                                 "sharded_gb": f.sharded / gb, "gathered_gb": f.gathered / gb,
+                                 "prox_whole_gb": f.prox_whole / gb, "act_mb1_gb": f.activations / gb,
+                                 "act_per_row_gb": f.per_row / gb})
+                    print(f"{name:12s} {mode:5s} {gpus:4d} {cap:6d} {mb:11d} {peak:8.1f} {f.ckpt / gb:8.2f}", flush=True)
+    print("GB = 1e9 bytes; micro_batch: the largest within 90% of the GPU (0: none fits; peak_gb then at 1)")
     save_rows(a.out, "memory.json", rows)
     return 0

@@ -33,7 +33,9 @@ def shard(policy, device: torch.device, compute_dtype: str) -> None:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    dtype = DTYPES[compute_dtype]
+    # float32: each parameter computes in its own dtype (a LoRA base stays in
+    # policy.lora_base_dtype, as on the Generators); bfloat16: everything is gathered in bf16.
+    dtype = None if compute_dtype == "float32" else DTYPES[compute_dtype]
     for unit in policy.shard_units():
         fully_shard(unit, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
     fully_shard(policy, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,

@@ -1,7 +1,7 @@
 """One rank of tests/engine/test_fsdp.py, run under torch.distributed.run (gloo, CPU).
 
-Builds a tiny π0.5 (real PaliGemma + Gemma expert layers) twice, one sharded with rlvla3's FSDP
-path and one whole, trains both one Adam step on the same rows (the sharded one on this rank's
+Builds a tiny π0.5 (real PaliGemma + Gemma expert layers) with LoRA over a bf16 base twice, one
+sharded with rlvla3's FSDP path and one whole, trains both one Adam step on the same rows (the sharded one on this rank's
 half of them) and writes what the test checks to <out>/rank<r>.json.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ def main(out: Path, compute_dtype: str) -> None:
     from rlvla3.engine import fsdp
     from rlvla3.policies import make_policy
     from rlvla3.policies.base import zero_batch
+    from rlvla3.policies.lora import apply_lora
     from rlvla3.world import spec
 
     dist.init_process_group("gloo")
@@ -27,6 +28,9 @@ def main(out: Path, compute_dtype: str) -> None:
     sp = spec(cfg)
     device = torch.device("cpu")
     whole, sharded = make_policy(cfg, sp), make_policy(cfg, sp)
+    for model in (whole, sharded):   # a bf16 base beside float32 adapters, as a LoRA run of a release
+        torch.manual_seed(7)
+        apply_lora(model, 4, 16.0, "bfloat16")
     fsdp.shard(sharded, device, compute_dtype)
 
     # Rows that differ from one another, the same on every rank (seeded).
@@ -37,18 +41,22 @@ def main(out: Path, compute_dtype: str) -> None:
     sample = torch.randn(sample.shape, generator=g) * 0.3
     rows = (images, proprio, tokens, sample)
 
-    def step(model, part) -> float:
+    def step(model, parts) -> float:
+        """One Adam step on the gradients summed over `parts` (each part's forward and backward
+        on its own: a bf16 base's matmuls round differently for different row counts)."""
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3, eps=1e-5)
-        with fsdp.autocast(device, compute_dtype if model is sharded else "float32"):
-            logp, _, value = model.evaluate(*part)
-        loss = -(logp.float().sum() * 1e-3) + value.float().pow(2).sum()
-        loss.backward()
+        for part in parts:
+            with fsdp.autocast(device, compute_dtype if model is sharded else "float32"):
+                logp, _, value = model.evaluate(*part)
+            loss = -(logp.float().sum() * 1e-3) + value.float().pow(2).sum()
+            loss.backward()
         opt.step()
-        return opt, float(loss)
+        return opt
 
-    _, loss_whole = step(whole, rows)
-    mine = tuple(t[rank::world] for t in rows)   # this rank's rows; the gradients are summed over ranks
-    opt, _ = step(sharded, mine)
+    split = [tuple(t[r::world] for t in rows) for r in range(world)]
+    step(whole, split)
+    mine = split[rank]   # this rank's rows; FSDP sums the gradients over ranks
+    opt = step(sharded, [mine])
 
     state = fsdp.gather_state(sharded)
     diff = max(float((state[k] - v.detach()).abs().max()) for k, v in whole.state_dict().items())
@@ -56,6 +64,7 @@ def main(out: Path, compute_dtype: str) -> None:
 
     # Round trips: the gathered model and optimizer into a fresh sharded replica.
     twin = make_policy(cfg, sp)
+    apply_lora(twin, 4, 16.0, "bfloat16")
     fsdp.shard(twin, device, compute_dtype)
     missing, unexpected = fsdp.load_state(twin, state)
     twin_opt = torch.optim.Adam([p for p in twin.parameters() if p.requires_grad], lr=1e-3, eps=1e-5)
@@ -74,10 +83,10 @@ def main(out: Path, compute_dtype: str) -> None:
             for _ in range(1 + 2 * rank):
                 sharded.evaluate(*mine)
         sharded.evaluate(*mine)   # and collectives still pair up after it
-    masters = sorted({str(p.dtype) for p in sharded.parameters()})
+    masters = sorted({str(p.dtype) for p in sharded.parameters() if p.requires_grad})   # what Adam steps
 
     (out / f"rank{rank}.json").write_text(json.dumps({
-        "max_param_diff": diff, "loss_whole": loss_whole, "grads_fp32": grads_fp32,
+        "max_param_diff": diff, "grads_fp32": grads_fp32,
         "missing": missing, "unexpected": unexpected, "round_trip": round_trip, "opt_round_trip": opt_round_trip,
         "moments": len(moments), "masters": masters}))
     dist.destroy_process_group()

@@ -28,8 +28,9 @@ def run_worker(tmp_path: Path, compute_dtype: str) -> list[dict]:
 @pytest.mark.slow
 def test_a_sharded_step_over_two_ranks_is_the_whole_models_step_and_its_state_round_trips(tmp_path):
     """Each rank trains on half the rows: FSDP's summed gradients give the one-process step
-    (float32); the gathered model and Adam state load back into a fresh replica exactly, uneven
-    shards included (π0.5's [1, 49, 64] position table splits 1 / 0 over two ranks)."""
+    (float32; the LoRA base computes in its own bf16 as on the Generators, not upcast); the
+    gathered model and Adam state load back into a fresh replica exactly, uneven shards included
+    (π0.5's [1, 49, 64] position table splits 1 / 0 over two ranks)."""
     for r in run_worker(tmp_path, "float32"):
         assert r["max_param_diff"] <= 1e-5, r
         assert r["missing"] == [] and r["unexpected"] == [], r
