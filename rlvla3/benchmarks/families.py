@@ -47,11 +47,14 @@ def tiny_released_folder(cfg, oft: bool = False, folder: str = "") -> str:
 
 def run(a) -> int:
     """Generator forward (`act`) and Trainer step (evaluate + PPO loss + backward + Adam) per
-    policy family and batch size, one torch thread, medians of `--repeats` (after one warm-up)."""
+    policy family and batch size, one torch thread, medians of `--repeats` (after one warm-up).
+    With policy.data_parallel=fsdp (the LIBERO presets: --size published) the step is FSDP's
+    on one rank, in policy.compute_dtype."""
     import numpy as np
     import torch
 
     from ..algo import decoupled_ppo_loss
+    from ..engine import fsdp
     from ..policies import make_policy
     from ..policies.base import pick_device
     from ..policies.lora import trainable
@@ -80,6 +83,9 @@ def run(a) -> int:
                              "python -m rlvla3.bench memory")
         with torch.device(device):   # published: random weights made on the GPU, at the preset's LoRA and checkpointing
             policy = make_policy(cfg, sp, published=published).to(device).train()
+        if cfg.policy.data_parallel == "fsdp":   # the Trainer's FSDP (one rank) and its compute dtype
+            fsdp.one_rank_group(device)
+            fsdp.shard(policy, device, cfg.policy.compute_dtype)
         opt = torch.optim.Adam(trainable(policy), lr=1e-5)
         n_params = sum(p.numel() for p in policy.parameters())
         for b in (int(x) for x in a.batches.split(",")):
@@ -91,13 +97,14 @@ def run(a) -> int:
             noise = torch.from_numpy(draw_noise(sp.sample, rng, b)).to(device)
 
             def act():
-                with torch.no_grad():
+                with torch.no_grad(), fsdp.autocast(device, cfg.policy.compute_dtype):
                     return policy.act(*obs, noise)
 
             sample, logp_b, _ = act()
 
             def train():
-                logp, ent, value = policy.evaluate(*obs, sample)
+                with fsdp.autocast(device, cfg.policy.compute_dtype):
+                    logp, ent, value = policy.evaluate(*obs, sample)
                 z = torch.zeros(b, device=device)
                 adv = torch.randn(b, device=device)
                 decoupled_ppo_loss(logp, logp_b, logp_b, adv, value, z, ent, 0.2, 2.0, 0.5, 0.0).total.backward()

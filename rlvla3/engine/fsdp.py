@@ -40,8 +40,10 @@ def shard(policy, device: torch.device, compute_dtype: str) -> None:
         fully_shard(unit, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
     fully_shard(policy, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                                                                   cast_forward_inputs=False))
-    # The Trainer calls `evaluate`, not `forward`: the root's parameters are gathered around it.
-    register_fsdp_forward_method(policy, "evaluate")
+    # The Trainer calls `evaluate`, not `forward`: the root's parameters are gathered around it
+    # (and around `act`, which a benchmark times on the same model).
+    for method in ("evaluate", "act"):
+        register_fsdp_forward_method(policy, method)
     for m in policy.modules():
         if isinstance(m, FSDPModule):
             # Gradients are summed, not averaged, over ranks: the learner divides by the number
@@ -49,6 +51,21 @@ def shard(policy, device: torch.device, compute_dtype: str) -> None:
             # because gloo has no pre-multiplied sum.
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
+
+
+def one_rank_group(device: torch.device) -> None:
+    """A process group of this process alone (FSDP needs one), unless one exists."""
+    import socket
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=0, world_size=1)
 
 
 def autocast(device: torch.device, compute_dtype: str):

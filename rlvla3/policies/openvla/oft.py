@@ -195,7 +195,8 @@ class ReleasedOFT(Policy):
         mean, value = self.mean_and_value(images, proprio, tokens)
         sigma = self._sigma()
         logp = self.coordinate_logp(torch.distributions.Normal(mean, sigma).log_prob(sample), per_token)
-        entropy = ((0.5 * math.log(2 * math.pi * math.e) + sigma.log()).sum() * self.chunk).expand(images.shape[0])
+        # repeat, not expand: a tensor of its own, not a view (FSDP hooks the outputs)
+        entropy = ((0.5 * math.log(2 * math.pi * math.e) + sigma.log()).sum() * self.chunk).repeat(images.shape[0])
         return logp, entropy, value.float()
 
     def bc_loss(self, images, proprio, tokens, sample, actions):

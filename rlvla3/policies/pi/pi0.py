@@ -190,7 +190,8 @@ class Pi0Flow(Policy):
             logp = logp + torch.distributions.Normal(mu, sigma).log_prob(sample[:, k + 1])
         logp = self.coordinate_logp(logp, per_token)
         per_step = (0.5 * math.log(2 * math.pi * math.e) + sigma.log()).sum() * self.chunk
-        entropy = (self.steps * per_step).expand(images.shape[0])
+        # repeat, not expand: a tensor of its own, not a view (FSDP hooks the outputs)
+        entropy = (self.steps * per_step).repeat(images.shape[0])
         return logp, entropy, value.float()
 
     def bc_loss(self, images, proprio, tokens, sample, actions):
