@@ -6,9 +6,9 @@
 #   stage 3  python -m rlvla3.tools.megatron_check --gpu: the Llama LM at TP = PP = 1 with Megatron's DDP
 #            and optimizer vs transformers + torch Adam (same logits, same weights after 3 steps)
 #   stage 4  python -m rlvla3.bench families --size published: openvla, openvla_oft, pi0, pi05 at their
-#            released sizes as the LIBERO presets set them up (random weights, LoRA 32, checkpointing),
-#            act and train-step time at batch 1/8/32 with peak GPU memory; and bench memory's
-#            meta-device prediction of the same configurations beside it
+#            released sizes as the LIBERO presets set them up (random weights, LoRA 32, checkpointing,
+#            FSDP2 on one rank in bf16), act and FSDP train-step time at batch 1/8/32 with peak GPU
+#            memory; and bench memory's meta-device prediction of the same configurations beside it
 # Files land in $OUT (default bench-out/) after each stage. Budget: under 8 minutes.
 #
 #   SET=vla bash bench/gpu_wheels.sh 3.12 .whl-vla                   # here, online (~40 MiB)
@@ -40,6 +40,7 @@ stage check 60 $PY -c "import torch, transformers, megatron.core, hydra; print('
 
 if [ "$REHEARSAL" = 1 ]; then
   stage families 300 $PY -m rlvla3.bench families --families tiny,pi0_chunk4 --batches 1,8 --repeats 2 --out "$OUT"
+  stage fsdp 120 $PY -m rlvla3.bench families --families pi05_chunk4 --batches 1 --repeats 2 policy.data_parallel=fsdp policy.compute_dtype=bfloat16
   stage memory 300 $PY -m rlvla3.bench memory --families openvla_oft --out "$OUT"
 else
   stage families 150 $PY -m rlvla3.bench families --out "$OUT" policy.device=cuda

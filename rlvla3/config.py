@@ -198,8 +198,8 @@ class PolicyConfig:
     lora_rank: int = 32
     """With policy.pretrained: > 0 trains rank-r LoRA adapters on every linear layer of the
     pretrained backbone (and the family's heads in full) instead of every weight: what fits a
-    3-7 B Trainer on one 80 GB GPU (python -m rlvla3.bench memory); 0: full fine-tuning. A
-    random-init model always trains in full."""
+    3-7 B Trainer on one 80 GB GPU; 0: full fine-tuning (with policy.data_parallel=fsdp over 2-4
+    GPUs and more: python -m rlvla3.bench memory). A random-init model always trains in full."""
     lora_alpha: float = 16.0
     """LoRA's scale numerator: the update is (lora_alpha / lora_rank) * B A (OpenVLA: 16 at rank 32)."""
     lora_base_dtype: str = "bfloat16"
