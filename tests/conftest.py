@@ -17,6 +17,9 @@ TOY = ["+experiment=toy", "algo.max_versions=3", "runtime.tensorboard=false", "r
 # Two async versions with the Trainer recomputing the fresh rows' log-probs; one epoch: the check
 # needs rows, not learning.
 LOGP_CHECK = ["mode=async", "algo.max_versions=2", "algo.check_logprobs=true", "algo.update_epochs=1"]
+# Two sync versions on the toy, one epoch, the log-prob check on: sync mode gives every Trainer
+# count the same rows, so data-parallel runs compare with the one-Trainer run (`one_trainer_run`).
+SYNC_PARITY = [*TOY, "mode=sync", "algo.max_versions=2", "algo.update_epochs=1", "algo.check_logprobs=true"]
 # The emulated engine at in-process speed: tiny costs, 8 envs in 4 groups, 2 optimizer steps a version.
 EMULATED_FAST = ["+experiment=emulated", "env.num_envs=8", "sharding.groups_per_rank=2", "algo.segment_steps=8",
                  "algo.rollout_batch=64", "algo.global_batch=32", "algo.micro_batch=32", "algo.max_versions=3",
@@ -27,6 +30,14 @@ def run_engine(tmp_path: Path, overrides: list[str], timeout: float = 240, name:
     run_dir = tmp_path / name
     proc = run_local(compose(overrides), run_dir, timeout=timeout, capture=True)
     return proc, run_dir
+
+
+@pytest.fixture(scope="session")
+def one_trainer_run(tmp_path_factory) -> Path:
+    """SYNC_PARITY on one replicated Trainer, run once for the data-parallel tests."""
+    proc, run = run_engine(tmp_path_factory.mktemp("parity"), SYNC_PARITY, name="one")
+    assert_ok(proc)
+    return run
 
 
 def final_checkpoint(run_dir: Path) -> dict:

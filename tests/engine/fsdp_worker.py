@@ -2,7 +2,8 @@
 
 Builds a tiny π0.5 (real PaliGemma + Gemma expert layers) with LoRA over a bf16 base twice, one
 sharded with rlvla3's FSDP path and one whole, trains both one Adam step on the same rows (the sharded one on this rank's
-half of them) and writes what the test checks to <out>/rank<r>.json.
+half of them), once per compute dtype of the comma list it is given, and writes what the test
+checks to <out>/<dtype>-rank<r>.json.
 """
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ import torch
 import torch.distributed as dist
 
 
-def main(out: Path, compute_dtype: str) -> None:
+def main(out: Path, compute_dtypes: list[str]) -> None:
+    dist.init_process_group("gloo")
+    for compute_dtype in compute_dtypes:
+        one_step(out, compute_dtype)
+    dist.destroy_process_group()
+
+
+def one_step(out: Path, compute_dtype: str) -> None:
     from rlvla3.cluster.compose import compose
     from rlvla3.engine import fsdp
     from rlvla3.policies import make_policy
@@ -22,7 +30,6 @@ def main(out: Path, compute_dtype: str) -> None:
     from rlvla3.policies.lora import apply_lora
     from rlvla3.world import spec
 
-    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = compose(["+experiment=libero_pi05", "policy.device=cpu", "env.image_size=32"])
     sp = spec(cfg)
@@ -85,12 +92,11 @@ def main(out: Path, compute_dtype: str) -> None:
         sharded.evaluate(*mine)   # and collectives still pair up after it
     masters = sorted({str(p.dtype) for p in sharded.parameters() if p.requires_grad})   # what Adam steps
 
-    (out / f"rank{rank}.json").write_text(json.dumps({
+    (out / f"{compute_dtype}-rank{rank}.json").write_text(json.dumps({
         "max_param_diff": diff, "grads_fp32": grads_fp32,
         "missing": missing, "unexpected": unexpected, "round_trip": round_trip, "opt_round_trip": opt_round_trip,
         "moments": len(moments), "masters": masters}))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2])
+    main(Path(sys.argv[1]), sys.argv[2].split(","))

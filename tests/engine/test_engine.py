@@ -16,7 +16,7 @@ from rlvla3.cluster.compose import compose, prepare_run_dir
 from rlvla3.cluster.local import mpi_env, mpiexec_command
 from rlvla3.engine import checkpoints, shards
 from rlvla3.engine.metrics import read_summaries
-from tests.conftest import TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, needs_mpi, run_engine, summary
+from tests.conftest import SYNC_PARITY, TOY, assert_ok, check_every_shard_consumed_once, final_checkpoint, needs_mpi, run_engine, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
 
@@ -98,14 +98,12 @@ def test_lr_warmup_and_decay_reach_the_optimizer(tmp_path):
     assert lr == pytest.approx(lr_at(cfg.algo.lr, total, 3, total, True)) and lr < cfg.algo.lr / 2
 
 
-def test_two_trainers_agree_and_match_one(tmp_path):
+def test_two_trainers_agree_and_match_one(tmp_path, one_trainer_run):
     """Sync mode is deterministic (per-request sampling noise, seeded envs, lockstep), so the
     1- and 2-Trainer runs see the same data; their parameters must match, and the 2 data-parallel
     ranks must hold bit-identical parameters."""
-    common = [*TOY, "mode=sync", "algo.max_versions=2", "algo.update_epochs=1"]
-    p1, r1 = run_engine(tmp_path, common, name="one")
-    p2, r2 = run_engine(tmp_path, [*common, "cluster.train_ranks=2"], name="two")
-    assert_ok(p1)
+    r1 = one_trainer_run
+    p2, r2 = run_engine(tmp_path, [*SYNC_PARITY, "cluster.train_ranks=2"], name="two")
     assert_ok(p2)
     a, b = (run / "params-trainer0.sha256" for run in (r1, r2))
     assert (r2 / "params-trainer0.sha256").read_text() == (r2 / "params-trainer1.sha256").read_text()

@@ -11,35 +11,39 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TOY, assert_ok, final_checkpoint, needs_mpi, run_engine
+from tests.conftest import SYNC_PARITY, assert_ok, final_checkpoint, needs_mpi, run_engine
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_worker(tmp_path: Path, compute_dtype: str) -> list[dict]:
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory) -> dict[str, list[dict]]:
+    """compute dtype -> each rank's results of fsdp_worker.py (one run of two gloo ranks)."""
+    out = tmp_path_factory.mktemp("fsdp")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(WORKER),
-                           str(tmp_path), compute_dtype], env=env, capture_output=True, text=True, timeout=300)
+                           str(out), "float32,bfloat16"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return {dtype: [json.loads((out / f"{dtype}-rank{r}.json").read_text()) for r in range(2)]
+            for dtype in ("float32", "bfloat16")}
 
 
 @pytest.mark.slow
-def test_a_sharded_step_over_two_ranks_is_the_whole_models_step_and_its_state_round_trips(tmp_path):
+def test_a_sharded_step_over_two_ranks_is_the_whole_models_step_and_its_state_round_trips(worker_results):
     """Each rank trains on half the rows: FSDP's summed gradients give the one-process step
     (float32; the LoRA base computes in its own bf16 as on the Generators, not upcast); the
     gathered model and Adam state load back into a fresh replica exactly, uneven shards included
     (π0.5's [1, 49, 64] position table splits 1 / 0 over two ranks)."""
-    for r in run_worker(tmp_path, "float32"):
+    for r in worker_results["float32"]:
         assert r["max_param_diff"] <= 1e-5, r
         assert r["missing"] == [] and r["unexpected"] == [], r
         assert r["round_trip"] == 0.0 and r["opt_round_trip"] == 0.0 and r["moments"] > 0, r
 
 
 @pytest.mark.slow
-def test_bfloat16_computes_in_bf16_and_keeps_float32_masters_and_gradients(tmp_path):
-    for r in run_worker(tmp_path, "bfloat16"):
+def test_bfloat16_computes_in_bf16_and_keeps_float32_masters_and_gradients(worker_results):
+    for r in worker_results["bfloat16"]:
         assert r["masters"] == ["torch.float32"] and r["grads_fp32"], r
         assert 0 < r["max_param_diff"] < 0.01, r   # bf16 forwards: close to the float32 step, not equal
         assert r["round_trip"] == 0.0 and r["opt_round_trip"] == 0.0, r
@@ -52,14 +56,13 @@ def logp_diffs(run: Path) -> list[dict]:
 
 @needs_mpi
 @pytest.mark.slow
-def test_fsdp_over_two_trainers_trains_as_one_replicated_trainer_and_resumes(tmp_path):
+def test_fsdp_over_two_trainers_trains_as_one_replicated_trainer_and_resumes(tmp_path, one_trainer_run):
     """Sync mode sees the same rows whatever the Trainer count. Every version's weights, gathered
     from the shards and published, reproduce the Trainer's log-probs exactly; a resume loads the
     gathered checkpoint back into the shards (its next version's log-probs still match)."""
-    common = [*TOY, "mode=sync", "algo.max_versions=2", "algo.update_epochs=1", "algo.check_logprobs=true"]
-    p1, r1 = run_engine(tmp_path, common, name="replicate")
-    p2, r2 = run_engine(tmp_path, [*common, "policy.data_parallel=fsdp", "cluster.train_ranks=2"], name="fsdp")
-    assert_ok(p1)
+    fsdp = [*SYNC_PARITY, "policy.data_parallel=fsdp", "cluster.train_ranks=2"]
+    r1 = one_trainer_run
+    p2, r2 = run_engine(tmp_path, fsdp, name="fsdp")
     assert_ok(p2)
     a, b = final_checkpoint(r1), final_checkpoint(r2)
     assert a["model"].keys() == b["model"].keys()
@@ -69,8 +72,7 @@ def test_fsdp_over_two_trainers_trains_as_one_replicated_trainer_and_resumes(tmp
     checks = logp_diffs(r2)
     assert {c["version"] for c in checks} == {0, 1} and max(c["v"] for c in checks) == 0.0
 
-    p3, _ = run_engine(tmp_path, [*common, "policy.data_parallel=fsdp", "cluster.train_ranks=2", "algo.max_versions=3",
-                                  "resume=true"], name="fsdp")
+    p3, _ = run_engine(tmp_path, [*fsdp, "algo.max_versions=3", "resume=true"], name="fsdp")
     assert_ok(p3)
     assert "resumed from v000002.pt" in p3.stdout
     after = [c for c in logp_diffs(r2) if c["version"] == 2]
