@@ -135,6 +135,7 @@ def megatron(cfg: RunConfig) -> None:
 def pretrained(cfg: RunConfig) -> None:
     """A pretrained checkpoint this run can use, with the tokenizer it reads its prompt with."""
     from .policies.openvla import layout as openvla_folder
+    from .policies.pi import layout as pi_layout
 
     p = cfg.policy
     if released_openvla(p):
@@ -145,6 +146,8 @@ def pretrained(cfg: RunConfig) -> None:
             openvla_folder.check(p, env_dims(cfg).action_dim, env_dims(cfg).proprio_dim)
         elif p.name in ("pi0", "pi05"):
             instruction_encoder(p)   # its tokenizer (and π0.5's state statistics) load
+            # the statistics the flow reads: the state's (π0's state token) and the actions'
+            pi_layout.folder_normaliser(p.pretrained, env_dims(cfg), state=p.name == "pi0")
     except (OSError, ValueError, KeyError) as e:
         why = e.args[0] if isinstance(e, KeyError) else e
         raise ConfigError(f"policy={p.name} policy.pretrained={p.pretrained}: {why}") from None

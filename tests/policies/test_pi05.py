@@ -17,6 +17,7 @@ from rlvla3.policies.pi.layout import (
     WORD_MARK,
     HashedPi05Prompt,
     Normaliser,
+    Pi0Prompt,
     Pi05Prompt,
     hashed_pi05_min_length,
     pi05_words,
@@ -164,6 +165,11 @@ def test_without_discrete_state_input_the_prompt_is_the_task_alone(tmp_path, fol
     assert not np.array_equal(encode("go to the red square"), with_state("go to the red square", state))
     need = hashed_pi05_min_length(proprio_dim)
     derive(compose([*PI05_TOY, "policy.discrete_state_input=false", f"policy.instruction_len={need - 1}"]))
+    if folder:   # a released π0.5 without its state is prompted as openpi does: π0's BOS, task, "\n"
+        pi0 = Pi0Prompt(tmp_path / "paligemma", compose(base).policy.instruction_len)
+        np.testing.assert_array_equal(encode("go to the red_square "), pi0("go to the red square"))
+        n = int((pi0("go to the red square") != 0).sum())
+        assert list(pi0("go to the red square")[:n]) == [2, *pi0.text_ids("go to the red square"), *pi0.text_ids("\n")]
 
 
 def test_a_checkpoint_without_state_statistics_loads_when_the_prompt_holds_no_state(tmp_path):

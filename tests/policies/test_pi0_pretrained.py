@@ -1,7 +1,7 @@
 """policy=pi0 from a pretrained folder with LeRobot's normaliser files and PaliGemma-style
 tokenizer: the Simulator encodes openpi's prompt, the proprio is normalised and the executed chunk
-un-normalised with the folder's statistics, a folder without a tokenizer is refused before any
-rank starts, and it trains through the engine with the Generator's and Trainer's log-probs equal."""
+un-normalised with the folder's statistics, a folder without a tokenizer or without its
+normaliser is refused before any rank starts, and it trains through the engine with the Generator's and Trainer's log-probs equal."""
 from __future__ import annotations
 
 import numpy as np
@@ -84,6 +84,9 @@ def test_lerobots_tensor_names_load_exactly(tmp_path, prefix):
     names = {prefix + lerobot_name(k): v.contiguous() for k, v in model.state_dict().items()}
     assert f"{prefix}paligemma_with_expert.paligemma.lm_head.weight" in names and f"{prefix}state_proj.weight" in names
     save_file(names, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    # LeRobot's folder carries its normaliser (identity here: the test is about the tensors)
+    write_normaliser(tmp_path, Normaliser({"observation.state": "STATE", "action": "ACTION"},
+                                          {"STATE": "IDENTITY", "ACTION": "IDENTITY"}), "policy_preprocessor")
     loaded = make_policy(compose([*PI0_TOY, f"policy.pretrained={tmp_path}", "policy.init_seed=7", "policy.lora_rank=0"]),
                          spec(cfg)).model
     ours, theirs = model.state_dict(), loaded.state_dict()
@@ -99,6 +102,22 @@ def test_sft_targets_are_the_actions_in_the_folders_normalised_units(tmp_path):
     chain = policy.expert_sample(sp.sample, a, 0)
     np.testing.assert_allclose(chain[:, -1], (a - 0.1) / 0.5, rtol=1e-6)   # action mean 0.1, std 0.5
     np.testing.assert_allclose(policy.to_env_action(chain), a, atol=1e-6)
+
+
+def test_a_folder_without_its_normaliser_is_refused_before_any_rank_starts(tmp_path):
+    """openpi's PyTorch converter and RLinf write π0 folders with the same tensor names and no
+    LeRobot processor files: read as identity normalisation, a raw state would enter the model
+    and normalised actions would be executed. The run is refused, naming the missing file."""
+    cfg = compose(PI0_TOY)
+    write_folder(tmp_path, cfg)
+    over = [*PI0_TOY, f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
+    validate(compose(over))
+    for name in ("policy_preprocessor.json", "policy_postprocessor.json"):
+        (tmp_path / "pi0" / name).unlink()
+    with pytest.raises(ConfigError, match=r"policy=pi0 policy.pretrained=.*has no policy_preprocessor.json"):
+        validate(compose(over))
+    with pytest.raises(FileNotFoundError, match="policy_preprocessor.json"):
+        make_policy(compose(over), spec(cfg))
 
 
 def test_statistics_of_another_robot_are_named(tmp_path):

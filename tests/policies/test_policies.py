@@ -76,6 +76,11 @@ def test_pretrained_checkpoints_load_from_a_local_path(tmp_path):
     missing one is named in the error (nothing is ever downloaded)."""
     pi0, _ = build(name="pi0", chunk=2)
     pi0.model.save_pretrained(tmp_path / "pi0")
+    from rlvla3.policies.pi.layout import Normaliser, write_normaliser
+
+    # a released π0 folder carries LeRobot's normaliser (identity here: the test is about loading)
+    write_normaliser(tmp_path / "pi0", Normaliser({"observation.state": "STATE", "action": "ACTION"},
+                                                  {"STATE": "IDENTITY", "ACTION": "IDENTITY"}), "policy_preprocessor")
     again, _ = build(name="pi0", chunk=2, pretrained=str(tmp_path / "pi0"), init_seed=7, lora_rank=0)
     assert torch.equal(again.model.action_out_proj.weight, pi0.model.action_out_proj.weight)
 

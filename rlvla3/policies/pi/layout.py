@@ -111,6 +111,29 @@ def read_normaliser(folder: str | Path, pipeline: str = "policy_preprocessor") -
     return Normaliser(features, norm_map, stats, float(cfg.get("eps", 1e-8)), str(path))
 
 
+def folder_normaliser(folder: str | Path, dims, state: bool = True) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                                            tuple[np.ndarray, np.ndarray]]:
+    """(scale, shift) of the proprio's normalisation and of the actions' (normalised = x * scale +
+    shift) from a released folder's processor pipelines, sized for `dims` (proprio_dim,
+    action_dim); identity for the proprio of a model with no state token (`state` false: its
+    statistics are not read) and at random init (no folder). A released folder without them is
+    refused: read as identity, a raw state would enter the model and normalised actions would be
+    executed as env actions (folders from openpi's PyTorch converter or RLinf carry their
+    statistics elsewhere: convert them to LeRobot's processor files first)."""
+    identity = lambda d: (np.ones(d, np.float32), np.zeros(d, np.float32))  # noqa: E731
+    if not folder:
+        return identity(dims.proprio_dim), identity(dims.action_dim)
+    if not (Path(folder) / "policy_preprocessor.json").is_file():
+        raise FileNotFoundError(f"{folder} has no policy_preprocessor.json: LeRobot's processor pipeline holds the "
+                                "state and action statistics this checkpoint was trained with; a folder without "
+                                "them (openpi's PyTorch converter, RLinf) needs its norm stats written as LeRobot's "
+                                "policy_preprocessor.json/policy_postprocessor.json first")
+    pre = read_normaliser(folder)
+    post = read_normaliser(folder, "policy_postprocessor") if (Path(folder) / "policy_postprocessor.json").is_file() else pre
+    proprio = pre.affine("observation.state", dims.proprio_dim) if state else identity(dims.proprio_dim)
+    return proprio, post.affine("action", dims.action_dim)
+
+
 def write_normaliser(folder: str | Path, norm: Normaliser, pipeline: str = "policy_preprocessor", index: int = 3) -> None:
     """The same files, as LeRobot writes them (tiny test folders; `index`: the step's position)."""
     from safetensors.numpy import save_file
@@ -128,6 +151,11 @@ def write_normaliser(folder: str | Path, norm: Normaliser, pipeline: str = "poli
     (folder / f"{pipeline}.json").write_text(json.dumps({"name": pipeline, "steps": [*others, step]}, indent=1))
 
 
+def clean_task(instruction: str) -> str:
+    """The instruction as openpi writes it into a prompt: trimmed, underscores and newlines as spaces."""
+    return instruction.strip().replace("_", " ").replace("\n", " ")
+
+
 class Pi0Prompt(CheckpointPrompt):
     """π0's (openpi's tokenizer, which LeRobot's π0 follows): BOS, the cleaned instruction, then
     "\n" (PaliGemma's tokenizer; the model's prompt holds up to tokenizer_max_length 48)."""
@@ -135,14 +163,14 @@ class Pi0Prompt(CheckpointPrompt):
     bos_token = "<bos>"
 
     def ids(self, instruction: str) -> list[int]:
-        text = instruction.strip().replace("_", " ").replace("\n", " ")
-        return [self.bos, *self.text_ids(text), *self.text_ids("\n")]
+        return [self.bos, *self.text_ids(clean_task(instruction)), *self.text_ids("\n")]
 
 
 def pi05_text(instruction: str, state: np.ndarray | None) -> str:
     """π0.5's prompt text for a normalised state: each value cut into one of 256 bins of [-1, 1].
-    Without a state (SFT's --state-dropout, policy.discrete_state_input=false), the task alone."""
-    text = instruction.strip().replace("_", " ").replace("\n", " ")
+    Without a state, the task alone in the same frame: the random-initialised π0.5's hashed
+    prompt (a released π0.5 without its state is prompted as openpi does it, π0's way: Pi05Prompt)."""
+    text = clean_task(instruction)
     if state is None:
         return f"Task: {text};\nAction: "
     bins = np.digitize(state, np.linspace(-1, 1, 257)[:-1]) - 1
@@ -197,8 +225,11 @@ class Pi05Prompt(CheckpointPrompt):
     """π0.5's: BOS, "Task: {instruction}, State: {bins};\nAction: ", where the proprio is normalised
     with the folder's state statistics (LeRobot's normaliser: quantiles) and cut into 256 bins of
     [-1, 1] (below -1: bin -1, above 1: bin 256, unclipped, as openpi does). It reads the state, so
-    it is encoded at every step, not once per instruction. `checkpoint` None: the task alone, no
-    statistics read (policy.discrete_state_input=false: a base checkpoint carries none)."""
+    it is encoded at every step, not once per instruction. Without a state
+    (policy.discrete_state_input=false, SFT's --state-dropout) the prompt is π0's, as openpi's
+    tokenizer writes it when the state is off: BOS, the cleaned task, "\n" (openpi's own
+    pi05_libero was trained so). `checkpoint` None: no statistics read (a base checkpoint carries
+    none)."""
 
     bos_token = "<bos>"
     reads_state = True
@@ -214,7 +245,9 @@ class Pi05Prompt(CheckpointPrompt):
         if state is not None and self.norm is None:
             raise ValueError("this π0.5 prompt was built without the checkpoint's state statistics "
                              "(policy.discrete_state_input=false): it writes no state")
-        s = None if state is None else self.norm.normalise("observation.state", np.asarray(state, np.float32))
+        if state is None:
+            return [self.bos, *self.text_ids(clean_task(instruction)), *self.text_ids("\n")]
+        s = self.norm.normalise("observation.state", np.asarray(state, np.float32))
         return [self.bos, *self.text_ids(pi05_text(instruction, s))]
 
     def __call__(self, instruction: str, state: np.ndarray | None = None) -> np.ndarray:

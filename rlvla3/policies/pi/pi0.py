@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..base import Policy, load_strict
+from .layout import folder_normaliser
 
 LOG_STD_RANGE = (math.log(0.01), 0.0)
 
@@ -60,21 +61,6 @@ def published_pi0(device: str | torch.device = "meta"):
 
     with torch.device(device):
         return PI0ForConditionalGeneration(PI0Config())
-
-
-def folder_normaliser(folder: str, spec, state: bool = True) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """(scale, shift) of the proprio's normalisation and of the actions' (normalised = x * scale +
-    shift) from a LeRobot folder's processor pipelines; identity for a folder without them, and
-    for the proprio of a model with no state token (`state` false: its statistics are not read)."""
-    from .layout import read_normaliser
-
-    identity = lambda d: (np.ones(d, np.float32), np.zeros(d, np.float32))  # noqa: E731
-    if not folder or not (Path(folder) / "policy_preprocessor.json").is_file():
-        return identity(spec.proprio_dim), identity(spec.action_dim)
-    pre = read_normaliser(folder)
-    post = read_normaliser(folder, "policy_postprocessor") if (Path(folder) / "policy_postprocessor.json").is_file() else pre
-    proprio = pre.affine("observation.state", spec.proprio_dim) if state else identity(spec.proprio_dim)
-    return proprio, post.affine("action", spec.action_dim)
 
 
 class Pi0Flow(Policy):
