@@ -20,6 +20,7 @@ from rlvla3.policies.pi.layout import (
     Pi0Prompt,
     Pi05Prompt,
     hashed_pi05_min_length,
+    pi05_text,
     pi05_words,
     write_normaliser,
 )
@@ -104,7 +105,9 @@ def test_the_prompt_carries_the_normalised_binned_state_and_is_encoded_each_step
     ids = encode("go to the red_square ", state)
     n = int((ids != 0).sum())
     assert list(ids[:n]) == [2, *encode.text_ids(want)]
-    assert bins[0] == 0 and (len(bins) < 4 or bins[3] == 256)   # -1 is bin 0; beyond q99 unclipped, as openpi
+    assert bins[0] == 0   # -1 is bin 0
+    # Outside [-1, 1]: bin -1 below, 255 from the last edge up (openpi's digitize; no bin 256)
+    assert pi05_text("t", np.array([-1.5, -1.0, 0.999, 1.0, 7.0], np.float32)) == "Task: t, State: -1 0 255 255 255;\nAction: "
     assert not np.array_equal(encode("go to the red square", state + 0.5), ids)
     with pytest.raises(ConfigError, match=r"no 'q01' statistics for 'observation.state' \(a base checkpoint carries none"):
         write_normaliser(tmp_path / "pi05", Normaliser({"observation.state": "STATE"}, {"STATE": "QUANTILES"}), "policy_preprocessor")

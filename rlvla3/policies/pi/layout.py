@@ -224,7 +224,7 @@ class HashedPi05Prompt:
 class Pi05Prompt(CheckpointPrompt):
     """π0.5's: BOS, "Task: {instruction}, State: {bins};\nAction: ", where the proprio is normalised
     with the folder's state statistics (LeRobot's normaliser: quantiles) and cut into 256 bins of
-    [-1, 1] (below -1: bin -1, above 1: bin 256, unclipped, as openpi does). It reads the state, so
+    [-1, 1] (below -1: bin -1, from the last edge up: bin 255, unclipped, as openpi's digitize). It reads the state, so
     it is encoded at every step, not once per instruction. Without a state
     (policy.discrete_state_input=false, SFT's --state-dropout) the prompt is π0's, as openpi's
     tokenizer writes it when the state is off: BOS, the cleaned task, "\n" (openpi's own
