@@ -134,6 +134,9 @@ def test_actions_are_unnormalised_with_the_gripper_in_the_envs_sign(folder):
     want = 0.5 * (np.array([-1, 1, 0, 0.5, -0.5, 1]) + 1) * (q99 - q01) + q01
     np.testing.assert_allclose(a[0, 0, :6], np.clip(want, -1, 1), atol=1e-6)
     assert a[0, 0, 6] == -1.0 and a[1, 0, 6] == 1.0   # 0.9 (open in RLDS) -> -1; 0.2 -> +1 (closed)
+    # Exactly 0.5: OFT's LIBERO evaluation takes the sign of 2a - 1 = 0 and inverts it: 0, not +1.
+    half = policy.to_env_action(np.array([[[0, 0, 0, 0, 0, 0, 0.5]]], np.float32))
+    assert half[0, 0, 6] == 0.0
 
 
 def test_openvla_oft_needs_a_released_folder_with_its_modules(folder, tmp_path):

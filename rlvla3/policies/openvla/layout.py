@@ -62,9 +62,10 @@ def bounds(entry: dict, part: str, key: str, dim: int) -> dict:
 
 
 def gripper_to_env(a: np.ndarray) -> np.ndarray:
-    """OpenVLA's LIBERO datasets' gripper (1 open, 0 closed; > 0.5 open, as its LIBERO eval
-    reads it) -> the envs' sign (-1 open, +1 closed)."""
-    return np.where(a > 0.5, -1.0, 1.0)
+    """OpenVLA's LIBERO datasets' gripper (1 open, 0 closed) -> the envs' sign (-1 open, +1
+    closed), as OpenVLA's and OFT's LIBERO evaluations map it: 2a - 1, its sign, inverted. Exactly
+    0.5 gives 0 there (the sign of 0), so it does here: the gripper holds still."""
+    return -np.sign(2.0 * np.asarray(a, np.float64) - 1.0)
 
 
 def gripper_to_dataset(g: np.ndarray) -> np.ndarray:
