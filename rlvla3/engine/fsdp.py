@@ -32,6 +32,8 @@ def shard(policy, device: torch.device, compute_dtype: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)   # NCCL's buffers go to the current device: this rank's GPU
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # float32: each parameter computes in its own dtype (a LoRA base stays in
     # policy.lora_base_dtype, as on the Generators); bfloat16: everything is gathered in bf16.
