@@ -145,6 +145,7 @@ def pretrained(cfg: RunConfig) -> None:
         if released_openvla(p):
             openvla_folder.check(p, env_dims(cfg).action_dim, env_dims(cfg).proprio_dim)
         elif p.name in ("pi0", "pi05"):
+            pi_layout.check_folder_type(p.pretrained, p.name)
             instruction_encoder(p)   # its tokenizer (and π0.5's state statistics) load
             # the statistics the flow reads: the state's (π0's state token) and the actions'
             pi_layout.folder_normaliser(p.pretrained, env_dims(cfg), state=p.name == "pi0")

@@ -120,6 +120,20 @@ def test_a_folder_without_its_normaliser_is_refused_before_any_rank_starts(tmp_p
         make_policy(compose(over), spec(cfg))
 
 
+def test_a_folder_of_another_model_is_refused_naming_its_type(tmp_path):
+    """transformers' PI0Config takes any config.json and ignores what it does not know: a π0.5
+    folder given as policy=pi0 (or the reverse) is refused by its config's type first."""
+    cfg = compose(PI0_TOY)
+    write_folder(tmp_path, cfg)
+    over = [*PI0_TOY, f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
+    validate(compose(over))   # transformers' config.json: model_type pi0
+    with pytest.raises(ConfigError, match=r"policy=pi05 policy.pretrained=.*says type='pi0'.*policy=pi05 loads a pi05 folder"):
+        validate(compose([*over, "policy=pi05", "policy.instruction_len=48"]))
+    (tmp_path / "pi0" / "config.json").write_text('{"type": "pi05"}')
+    with pytest.raises(ConfigError, match=r"says type='pi05'.*policy=pi0 loads a pi0 folder"):
+        validate(compose(over))
+
+
 def test_statistics_of_another_robot_are_named(tmp_path):
     cfg = compose(PI0_TOY)
     write_folder(tmp_path, cfg)

@@ -111,6 +111,20 @@ def read_normaliser(folder: str | Path, pipeline: str = "policy_preprocessor") -
     return Normaliser(features, norm_map, stats, float(cfg.get("eps", 1e-8)), str(path))
 
 
+def check_folder_type(folder: str | Path, family: str) -> None:
+    """A released folder's config.json names its model (LeRobot's `type`, transformers'
+    `model_type`): a folder of another model is refused, naming what it says (transformers'
+    PI0Config would take a π0.5 folder's config and ignore the keys it does not know)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder}: no config.json (a released {family} folder, saved locally); nothing is downloaded")
+    cfg = json.loads(path.read_text())
+    said = cfg.get("type", cfg.get("model_type"))
+    if said != family:
+        raise ValueError(f"{path} says type={said!r} (model_type={cfg.get('model_type')!r}): policy={family} loads a "
+                         f"{family} folder; pick the policy its config names")
+
+
 def folder_normaliser(folder: str | Path, dims, state: bool = True) -> tuple[tuple[np.ndarray, np.ndarray],
                                                                             tuple[np.ndarray, np.ndarray]]:
     """(scale, shift) of the proprio's normalisation and of the actions' (normalised = x * scale +
