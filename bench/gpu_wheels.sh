@@ -22,7 +22,7 @@ binary=(zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 google-crc32c==1.9.0 m
 if [ "${SET:-engine}" = vla ]; then
   # Hydra (compose) and the policy families' libraries with their pure-Python dependencies; the
   # machine's own numpy, torch and pyyaml stay. Fits the 64 MiB a device run may carry.
-  binary=(hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.16.1 transformers==5.24.0 huggingface-hub==2.4.0
+  binary=(hydra-core==1.3.8 omegaconf==2.3.1 megatron-core==0.16.1 transformers==5.24.0 peft==0.21.2 accelerate==1.16.0 huggingface-hub==2.4.0
           tokenizers==0.23.3 safetensors==0.8.0 regex==2026.11.19 tqdm==4.70.1 typer==0.29.2 annotated-doc==0.0.7
           rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 shellingham==1.5.4 click==8.5.1 filelock==4.3.1
           fsspec==2026.9.0 hf-xet==1.8.0 httpx2==2.16.2 httpcore2==2.16.2 h11==0.16.0 anyio==4.16.0 idna==3.20

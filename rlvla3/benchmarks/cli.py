@@ -1,5 +1,5 @@
 """`python -m rlvla3.bench throughput [--env emulated|robosuite|toy|libero|maniskill] [--ladder] [overrides...]`
-   `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`
+   `python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16] [--methods relay,ibcast]`
    `python -m rlvla3.bench families [--batches 1,8,32] [--families tiny,openvla,...] [--size tiny|published] [overrides...]`
    `python -m rlvla3.bench memory [--families openvla,openvla_oft,pi0,pi05] [--copies 1]`
    `python -m rlvla3.bench parity [--families openvla_oft,pi05] [--ranks 1,2,4] [overrides...]`   (FSDP against one rank)
@@ -52,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
                          "versions published (default 8)")
     ap.add_argument("--generators", default="1,4,16", help="weights, serving: Generator counts")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="weights: wire formats")
+    ap.add_argument("--methods", default="relay", help="weights: relay (the engine's relay tree), ibcast (MPI's non-blocking broadcast)")
     ap.add_argument("--fanouts", default="0,2", help="weights: relay tree fanouts (0: Trainer 0 sends to every Generator)")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="weights: bucket size (MiB)")
     ap.add_argument("--topologies", default="1+1,16+4", help="latency: Simulators+Generators")

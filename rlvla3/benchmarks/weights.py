@@ -1,11 +1,17 @@
-"""`python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16]`: publish cost vs
-parameter and Generator count (`run`, which starts the MPI job of this module through mpiexec).
+"""`python -m rlvla3.bench weights [--params 1e6,1e7,1e8] [--generators 1,4,16] [--methods relay,ibcast]`:
+publish cost vs parameter and Generator count (`run`, which starts the MPI job of this module
+through mpiexec).
 
-The MPI job: rank 0 plays Trainer 0 and publishes over the engine's own WEIGHTS_BUF edges (engine/weights.py:
-buckets, optional bfloat16 wire, the relay tree of world.relay_tree with the given fanout);
-every other rank plays a Generator, receives from its parent, forwards to its children, decodes,
-checks each value against the formula the publisher used and acknowledges on a benchmark-only
-edge. A publish is timed from the start of encoding to the last Generator's acknowledgement.
+The MPI job: rank 0 plays Trainer 0 and publishes; every other rank plays a Generator, receives,
+decodes, checks each value against the formula the publisher used and acknowledges on a
+benchmark-only edge. A publish is timed from the start of encoding to the last Generator's
+acknowledgement. Two ways to move the buckets (engine/weights.py: buckets, optional bfloat16 wire):
+- relay: the engine's own, point to point over WEIGHTS_BUF edges down the relay tree of
+  world.relay_tree with the given fanout (each Generator forwards each bucket to its children);
+- ibcast: MPI's non-blocking broadcast (`Ibcast`) of each bucket over a communicator of
+  Trainer 0 and the Generators, the MPI library choosing the algorithm; receivers post one
+  bucket at a time and test it, as a serving Generator would between batches. The engine does
+  not use it: this row is what decides whether it should.
 """
 from __future__ import annotations
 
@@ -33,13 +39,11 @@ def run(a) -> int:
     from ..cluster.local import mpi_env
 
     rows = []
-    print(f"{'params':>10s} {'gens':>5s} {'fanout':>6s} {'wire':9s} {'MiB/gen':>8s} {'seconds':>8s} {'GB/s in':>8s} "
+    print(f"{'params':>10s} {'gens':>5s} {'method':>6s} {'fanout':>6s} {'wire':9s} {'MiB/gen':>8s} {'seconds':>8s} {'GB/s in':>8s} "
           f"{'max rel err':>11s}")
-    for g, fanout in ((int(x), int(f)) for x in a.generators.split(",") for f in a.fanouts.split(",")):
-        if g == 1 and fanout != int(a.fanouts.split(",")[0]):
-            continue   # one Generator: every fanout is the same single send
+    for g, method, fanout in publish_points(a.generators, a.methods, a.fanouts):
         cmd = ["mpiexec", "--oversubscribe", "-n", str(g + 1), sys.executable, "-m", "mpi4py", "-m", "rlvla3.benchmarks.weights",
-               a.params, a.dtypes, str(a.bucket_mb), "3", str(fanout)]
+               a.params, a.dtypes, str(a.bucket_mb), "3", str(fanout), method]
         if os.geteuid() == 0:
             cmd.insert(1, "--allow-run-as-root")
         out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=a.timeout)
@@ -50,11 +54,29 @@ def run(a) -> int:
                 r = json.loads(line)
                 rows.append(r)
                 gbps = r["bytes_per_generator"] * r["generators"] / r["seconds"] / 1e9
-                print(f"{r['params']:10.0e} {r['generators']:5d} {r['fanout']:6d} {r['dtype']:9s} {r['bytes_per_generator'] / 2**20:8.1f} "
+                print(f"{r['params']:10.0e} {r['generators']:5d} {r['method']:>6s} {r['fanout']:6d} {r['dtype']:9s} "
+                      f"{r['bytes_per_generator'] / 2**20:8.1f} "
                       f"{r['seconds']:8.3f} {gbps:8.2f} {r['max_rel_error']:11.2e}", flush=True)
-    print(broadcast_check(rows, a.bucket_mb))
+    print(broadcast_check([r for r in rows if r["method"] == "relay"], a.bucket_mb))
     save_rows(a.out, "weights.json", rows)
     return 0
+
+
+def publish_points(generators: str, methods: str, fanouts: str) -> list[tuple[int, str, int]]:
+    """(Generators, method, fanout) of each MPI job: the relay tree at every fanout, Ibcast once
+    (it has no fanout: -1); one Generator only once (every way is the same single send)."""
+    points = []
+    for g in (int(x) for x in generators.split(",")):
+        for method in methods.split(","):
+            if method not in METHODS:
+                raise SystemExit(f"--methods {methods}: {method!r} is not one of {', '.join(METHODS)}")
+            for fanout in ([int(f) for f in fanouts.split(",")] if method == "relay" else [-1]):
+                if g > 1 or not points or points[-1][0] != 1:
+                    points.append((g, method, fanout))
+    return points
+
+
+METHODS = ("relay", "ibcast")
 
 
 def broadcast_check(rows: list[dict], bucket_mb: float) -> str:
@@ -116,8 +138,9 @@ def bench_wiring(rank: int, n: int, tree) -> Wiring:
     return Wiring(BENCH_EDGES, roles, rank, peers)
 
 
-def bench_worker(sizes: list[int], dtypes: list[str], bucket_mb: float, reps: int, fanout: int) -> None:
-    """One MPI job: rank 0 publishes, every other rank is a Generator. For each size and wire
+def bench_worker(sizes: list[int], dtypes: list[str], bucket_mb: float, reps: int, fanout: int, method: str) -> None:
+    """One MPI job: rank 0 publishes, every other rank is a Generator, the buckets moved by
+    `method` (the module's docstring). For each size and wire
     dtype, `reps` publishes are timed from the start of encoding to the last Generator's
     acknowledgement (its buffer decoded, compared with what was sent); rank 0 prints one JSON
     line per point with the median time and the largest error any Generator received."""
@@ -129,7 +152,7 @@ def bench_worker(sizes: list[int], dtypes: list[str], bucket_mb: float, reps: in
         pass
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    tree = relay_tree(n - 1, fanout)   # node i is rank i
+    tree = relay_tree(n - 1, max(fanout, 0))   # node i is rank i
     transport = Transport(MpiLink(comm), bench_wiring(rank, n, tree), 120.0, 1.0, 0.0001, 0.001)
     gens = list(range(1, n))
     for size in sizes:
@@ -145,23 +168,57 @@ def bench_worker(sizes: list[int], dtypes: list[str], bucket_mb: float, reps: in
                 t0 = time.perf_counter()
                 if rank == 0:
                     w = weights.to_wire(flat, dtype)
-                    for d, req in weights.send(transport, tree[0][1], w, bucket_mb):
-                        transport.wait(req, 600.0, d, "weights bucket")
+                    if method == "ibcast":
+                        ibcast_send(comm, w, bucket_mb)
+                    else:
+                        for d, req in weights.send(transport, tree[0][1], w, bucket_mb):
+                            transport.wait(req, 600.0, d, "weights bucket")
                     for g in gens:
                         errors.append(transport.recv(g, BENCH_ACK, 600.0, "decoded-weights acknowledgement").max_abs_error)
                     times.append(time.perf_counter() - t0)
                 else:
-                    weights.receive(transport, tree[rank][0], wire, out, bucket_mb, 600.0, tuple(tree[rank][1]))
+                    if method == "ibcast":
+                        ibcast_receive(comm, wire, out, bucket_mb, transport)
+                    else:
+                        weights.receive(transport, tree[rank][0], wire, out, bucket_mb, 600.0, tuple(tree[rank][1]))
                     err = max(float(np.abs(out[sl] - expected(sl)).max()) for sl in weights.buckets(size, 4, 64.0))
                     transport.send(0, BENCH_ACK, Decoded(err))  # what arrived, checked
             if rank == 0:
                 err = max(errors) / float(np.abs(flat).max())  # largest |received - sent|, relative
-                print(json.dumps({"params": size, "generators": len(gens), "fanout": fanout, "dtype": dtype, "bucket_mb": bucket_mb,
+                print(json.dumps({"params": size, "generators": len(gens), "method": method, "fanout": fanout, "dtype": dtype,
+                                  "bucket_mb": bucket_mb,
                                   "seconds": sorted(times)[len(times) // 2], "bytes_per_generator": wire.nbytes,
                                   "max_rel_error": err}), flush=True)
     transport.flush(30.0)
 
 
+def ibcast_send(comm, wire: np.ndarray, bucket_mb: float, timeout: float = 600.0) -> None:
+    """The root's side: every bucket's Ibcast posted at once, then completed (Trainer 0 would
+    train on between its Tests)."""
+    from mpi4py import MPI
+
+    reqs = [comm.Ibcast(wire[sl], root=0) for sl in weights.buckets(wire.size, wire.itemsize, bucket_mb)]
+    deadline = time.monotonic() + timeout
+    while not MPI.Request.Testall(reqs):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ibcast of {len(reqs)} buckets did not complete within {timeout:.0f}s")
+        time.sleep(0.0001)
+
+
+def ibcast_receive(comm, wire: np.ndarray, out: np.ndarray, bucket_mb: float, transport, timeout: float = 600.0) -> None:
+    """A Generator's side: one bucket's Ibcast posted at a time and tested (a Generator that
+    serves would forward a batch between two Tests), each decoded as it lands."""
+    for sl in weights.buckets(wire.size, wire.itemsize, bucket_mb):
+        req = comm.Ibcast(wire[sl], root=0)
+        deadline = time.monotonic() + timeout
+        while not req.Test():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {comm.Get_rank()}: an Ibcast bucket did not land within {timeout:.0f}s")
+            transport.tick()   # heartbeats, as the relay's receive keeps them
+            transport.backoff.idle()
+        weights.from_wire(wire[sl], out[sl])
+
+
 if __name__ == "__main__":
-    sizes, dtypes, bucket, reps, fanout = sys.argv[1:6]
-    bench_worker([int(float(s)) for s in sizes.split(",")], dtypes.split(","), float(bucket), int(reps), int(fanout))
+    sizes, dtypes, bucket, reps, fanout, method = sys.argv[1:7]
+    bench_worker([int(float(s)) for s in sizes.split(",")], dtypes.split(","), float(bucket), int(reps), int(fanout), method)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .lora import trainable
+from .lora import ServedAdapters, trainable
 from .sampling import expert_sample, tokens_to_actions
 
 
@@ -174,9 +174,13 @@ class TorchActor:
         self.device = pick_device(device_setting)
         self.policy = policy.to(self.device).eval()
         self.n_params = sum(p.numel() for p in trainable(self.policy))
+        self.served = ServedAdapters(self.policy)
 
     def load(self, flat: np.ndarray) -> None:
+        """A version's trainable parameters, LoRA adapters merged into float32 bases (lora.py)."""
+        self.served.unmerge()
         load_flat_params(self.policy, flat)
+        self.served.merge()
 
     def act(self, obs: dict[str, np.ndarray], noise: np.ndarray):
         """(sample, log-prob, value) as numpy for a batch of observations."""

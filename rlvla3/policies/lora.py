@@ -1,5 +1,5 @@
-"""LoRA (Hu et al. 2021, arXiv 2106.09685): train a rank-r update (alpha / r) * B A of each
-frozen linear weight W of the pretrained backbone, plus the family's own heads in full.
+"""LoRA (Hu et al. 2021, arXiv 2106.09685) through peft: train a rank-r update (alpha / r) B A of
+each frozen linear weight W of the pretrained backbone, plus the family's own heads in full.
 
 This is what fits a 7 B VLA's Trainer on one GPU (OpenVLA's and OpenVLA-OFT's own fine-tuning
 recipes, RLinf's OpenVLA-OFT RL: rank 32 on every linear layer of the backbone): the base is
@@ -7,13 +7,20 @@ frozen and kept in `policy.lora_base_dtype` (2 bytes per parameter in bfloat16),
 adapters and heads have gradients and Adam state. Generators build the same model, so a weight
 publish carries the trainable parameters only.
 
-Names follow peft's layout (`<linear>.base_layer.weight`, `<linear>.lora_A.weight` [r, in],
-`<linear>.lora_B.weight` [out, r]); B starts at zero, so the adapted model starts as the
-pretrained one.
+peft's own layers (`peft.tuners.lora.Linear`, injected with `inject_adapter_in_model`), so the
+names are peft's (`<linear>.base_layer.weight`, `<linear>.lora_A.default.weight` [r, in],
+`<linear>.lora_B.default.weight` [out, r]); B starts at zero, so the adapted model starts as the pretrained one. The adapters stay float32
+beside a bfloat16 base (a bf16 Adam update would round most of a step away).
+
+Generators serve merged weights (W + (alpha / r) B A, one matmul per linear instead of three) when
+the base is float32: `ServedAdapters` merges once per version as it lands. A bfloat16 base is
+served unmerged: adding a version's update into bf16 weights rounds it to W's grid (one part in
+256 of |W|), so most of a small update is lost, and taking it back out before the next version
+would move W further each time.
 """
 from __future__ import annotations
 
-import math
+import sys
 
 import torch
 from torch import nn
@@ -21,52 +28,86 @@ from torch import nn
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Output projections onto a vocabulary stay frozen and unadapted (peft's "all-linear" rule).
 SKIPPED = ("lm_head",)
+ADAPTER = "default"   # peft's adapter name: one adapter per model
 
 
-class LoRALinear(nn.Module):
-    def __init__(self, base: nn.Linear, rank: int, alpha: float, base_dtype: torch.dtype):
-        super().__init__()
-        self.base_layer = base.to(base_dtype).requires_grad_(False)
-        device = base.weight.device
-        self.lora_A = nn.Linear(base.in_features, rank, bias=False, device=device)
-        self.lora_B = nn.Linear(rank, base.out_features, bias=False, device=device)
-        if device.type != "meta":
-            nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))   # peft's init: A random, B zero
-            nn.init.zeros_(self.lora_B.weight)
-        self.scale = alpha / rank
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The frozen base weight (modules that read `.weight` of a linear see the pretrained one)."""
-        return self.base_layer.weight
+class BaseLinear(nn.Linear):
+    """A frozen base linear kept in another dtype than the activations (a bfloat16 base in a
+    float32 model): the input is cast to the weight's dtype and the output back, as the rest of
+    the model expects. A plain nn.Linear to peft and to state dicts (same names)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.base_layer.weight
-        y = self.base_layer(x.to(w.dtype)).to(x.dtype)
-        return y + self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))).to(x.dtype) * self.scale
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
 def apply_lora(policy: nn.Module, rank: int, alpha: float, base_dtype: str) -> None:
     """Freeze `policy` except its top-level parameters and the modules it names in
-    `fully_trained`, and wrap every other nn.Linear (but those in SKIPPED) with an adapter."""
+    `fully_trained`, and give every other nn.Linear below its top level (but those in SKIPPED)
+    a peft LoRA adapter."""
+    from peft import LoraConfig, inject_adapter_in_model
+
     full = set(getattr(policy, "fully_trained", ()))
+    targets = [name for name, m in policy.named_modules()
+               if type(m) is nn.Linear and "." in name and name.split(".")[0] not in full
+               and name.rsplit(".", 1)[-1] not in SKIPPED]
+    dtype = DTYPES[base_dtype]
+    for name in targets:
+        _as_base(policy, name, dtype)
+    # The exact module names: peft matches a list entry against each name and its dotted tails.
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none")
+    meta = next(policy.parameters()).device.type == "meta"
+    inject_adapter_in_model(config, policy, adapter_name=ADAPTER, low_cpu_mem_usage=meta)
     policy.requires_grad_(False)
     for name, child in policy.named_children():
         if name in full:
             child.requires_grad_(True)
-        else:
-            wrap_linears(child, rank, alpha, DTYPES[base_dtype])
     for p in policy._parameters.values():
         if p is not None:
             p.requires_grad_(True)
+    for layer in adapters(policy):
+        for p in (*layer.lora_A[ADAPTER].parameters(), *layer.lora_B[ADAPTER].parameters()):
+            p.data = p.data.float()   # peft makes them in the base's dtype
+            p.requires_grad_(True)
 
 
-def wrap_linears(module: nn.Module, rank: int, alpha: float, dtype: torch.dtype) -> None:
-    for name, child in list(module.named_children()):
-        if type(child) is nn.Linear and name not in SKIPPED:
-            setattr(module, name, LoRALinear(child, rank, alpha, dtype))
-        elif not isinstance(child, LoRALinear):
-            wrap_linears(child, rank, alpha, dtype)
+def _as_base(policy: nn.Module, name: str, dtype: torch.dtype) -> None:
+    """Replace the linear `name` by a BaseLinear holding its weights in `dtype`, frozen."""
+    parent, _, leaf = name.rpartition(".")
+    old = policy.get_submodule(name)
+    new = BaseLinear(old.in_features, old.out_features, bias=old.bias is not None, device="meta")
+    new.weight = nn.Parameter(old.weight.detach().to(dtype), requires_grad=False)
+    if old.bias is not None:
+        new.bias = nn.Parameter(old.bias.detach().to(dtype), requires_grad=False)
+    setattr(policy.get_submodule(parent), leaf, new)
+
+
+def adapters(model: nn.Module) -> list:
+    """The peft LoRA layers of `model` (none without importing peft where it was never loaded:
+    a model without LoRA does not pay its import)."""
+    if "peft" not in sys.modules:
+        return []
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+class ServedAdapters:
+    """A Generator's adapters merged into their float32 base weights (the module's docstring says
+    why not bfloat16 ones): `unmerge()` takes the current version's update out of each base
+    weight before a new version's adapters are written, `merge()` puts the new one in, so every
+    forward between runs one matmul per linear."""
+
+    def __init__(self, model: nn.Module):
+        self.layers = [m for m in adapters(model) if m.get_base_layer().weight.dtype == torch.float32]
+
+    def unmerge(self) -> None:
+        for m in self.layers:
+            if m.merged:
+                m.unmerge()
+
+    def merge(self) -> None:
+        for m in self.layers:
+            m.merge(adapter_names=[ADAPTER])
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:

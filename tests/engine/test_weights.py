@@ -59,18 +59,27 @@ def test_the_relay_tree_reaches_every_generator_once():
 
 @needs_mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("fanout", [0, 1, 2])
-def test_a_publish_reaches_every_generator_exactly(tmp_path, fanout):
+@pytest.mark.parametrize("method,fanout", [("relay", 0), ("relay", 1), ("relay", 2), ("ibcast", -1)])
+def test_a_publish_reaches_every_generator_exactly(tmp_path, method, fanout):
     """rank 0 publishes 300k parameters in 0.25 MiB buckets to 3 Generators over real mpiexec,
-    sent to each (fanout 0) or relayed down a chain (1) or a binary tree (2);
-    float32 arrives bit-exact (the worker checks), bfloat16 within 2^-8."""
+    sent to each (fanout 0) or relayed down a chain (1) or a binary tree (2), or broadcast by
+    MPI's Ibcast (the benchmark's comparison); float32 arrives bit-exact (the worker checks),
+    bfloat16 within 2^-8."""
     cmd = ["mpiexec", "--oversubscribe", "-n", "4", sys.executable, "-m", "mpi4py", "-m", "rlvla3.benchmarks.weights",
-           "300000", "float32,bfloat16", "0.25", "1", str(fanout)]
+           "300000", "float32,bfloat16", "0.25", "1", str(fanout), method]
     if __import__("os").geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
     out = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [(r["dtype"], r["generators"]) for r in rows] == [("float32", 3), ("bfloat16", 3)]
+    assert [(r["dtype"], r["generators"], r["method"]) for r in rows] == [("float32", 3, method), ("bfloat16", 3, method)]
     assert rows[0]["max_rel_error"] == 0.0 and 0 < rows[1]["max_rel_error"] <= 2.0 ** -8
     assert rows[0]["bytes_per_generator"] == 2 * rows[1]["bytes_per_generator"] == 1_200_000
+
+
+def test_the_benchmark_runs_one_job_per_generator_count_method_and_fanout():
+    from rlvla3.benchmarks.weights import publish_points
+
+    assert publish_points("1,4", "relay,ibcast", "0,2") == [(1, "relay", 0), (4, "relay", 0), (4, "relay", 2), (4, "ibcast", -1)]
+    with pytest.raises(SystemExit, match="'nccl' is not one of relay, ibcast"):
+        publish_points("4", "relay,nccl", "0")

@@ -17,7 +17,7 @@ import torch
 from rlvla3.benchmarks import footprint
 from rlvla3.cluster.compose import compose
 from rlvla3.policies import checkpointed_layers, make_policy
-from rlvla3.policies.lora import LoRALinear, trainable
+from rlvla3.policies.lora import adapters, trainable
 from rlvla3.policies.openvla import oft as openvla_oft
 from rlvla3.world import spec
 from tests.conftest import TOY
@@ -56,8 +56,9 @@ def test_lora_starts_as_the_pretrained_model_and_trains_adapters_and_heads_only(
         a, b = full.act(images, proprio, tokens, noise), lora.act(images, proprio, tokens, noise)
     torch.testing.assert_close(a[0], b[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(a[1], b[1], rtol=0, atol=1e-4)
-    wrapped = [m for m in lora.modules() if isinstance(m, LoRALinear)]
+    wrapped = adapters(lora)
     assert wrapped and all(not m.base_layer.weight.requires_grad for m in wrapped)
+    assert all(type(m).__module__.startswith("peft.") for m in wrapped)
     names = {n for n, p in lora.named_parameters() if p.requires_grad}
     assert names == {n for n in names if ".lora_" in n or n.split(".")[0] in ("action_head", "proprio_projector",
                                                                                 "value_head", "log_std")}
@@ -154,3 +155,28 @@ def test_the_committed_libero_preset_fits_one_80_GB_gpu_and_full_fine_tuning_fit
     full_cfg = compose([f"+experiment=libero_{name}", "policy.lora_rank=0"])
     full = footprint.sharded_footprint(full_cfg, spec(full_cfg), copies=1)
     assert full.frozen == 0 and full.largest_micro_batch(1, 80e9) == 0 and full.largest_micro_batch(8, 80e9) >= 4
+
+
+@pytest.mark.parametrize("base_dtype", ["float32", "bfloat16"])
+def test_generators_serve_float32_adapters_merged_and_act_as_the_unmerged_model(oft_folder, base_dtype):
+    """Three versions of trained adapters land on a Generator: over a float32 base each is merged
+    into the base weights (the version before taken out first) and acts as the Trainer's unmerged
+    model does; a bfloat16 base stays unmerged (lora.py says why)."""
+    from rlvla3.policies import make_actor
+    from rlvla3.policies.base import flat_params
+
+    cfg, sp = oft(oft_folder, "policy.lora_rank=4", f"policy.lora_base_dtype={base_dtype}")
+    actor, trainer = make_actor(cfg, sp), make_policy(cfg, sp)
+    images, proprio, tokens, noise = batch(sp)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        with torch.no_grad():
+            for p in trainable(trainer):
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+        actor.load(flat_params(trainer))
+        served = actor.act({"images": images.numpy(), "proprio": proprio.numpy(), "tokens": tokens.numpy()}, noise.numpy())
+        with torch.no_grad():
+            sample, logp, value = trainer.act(images, proprio, tokens, noise)
+        assert all(m.merged == (base_dtype == "float32") for m in adapters(actor.policy))
+        torch.testing.assert_close(torch.from_numpy(served[0]), sample, rtol=0, atol=1e-4)
+        torch.testing.assert_close(torch.from_numpy(served[1]), logp.float(), rtol=0, atol=1e-3)
