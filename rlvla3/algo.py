@@ -246,14 +246,6 @@ def raft_segment(a: dict, attrs: dict, name: str, algo) -> tuple[np.ndarray, np.
 Broken = tuple[str, Any, str]   # (field, value, how to fix it)
 
 
-def whole_episodes(cfg) -> Broken | None:
-    a = cfg.algo
-    if a.segment_steps * cfg.policy.chunk < cfg.env.horizon:
-        return ("algo.segment_steps", a.segment_steps, f"{a.name} uses whole episodes: a segment must hold one "
-                f"(algo.segment_steps * policy.chunk >= env.horizon={cfg.env.horizon})")
-    return None
-
-
 def no_critic(cfg) -> Broken | None:
     a = cfg.algo
     if a.vf_coef != 0:
@@ -281,7 +273,8 @@ class Algorithm:
     segment: Callable[..., tuple[np.ndarray, np.ndarray, dict]]
     """(shard arrays, attrs, shard name, cfg.algo) -> advantages, returns, what targets need later."""
     episodic: bool = False
-    """Whole episodes a segment, each env reset at a segment's start (outcome algorithms)."""
+    """Whole episodes a segment, each env reset at a segment's start (outcome algorithms; checks.algo
+    refuses a segment shorter than an episode)."""
     shared_reset: bool = False
     """A group's envs reset from one seed: a group is one initial state."""
     targets_per_version: bool = False
@@ -294,8 +287,8 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("ppo", gae_segment),
-    Algorithm("grpo", grpo_segment, episodic=True, shared_reset=True, rules=(whole_episodes, no_critic),
+    Algorithm("grpo", grpo_segment, episodic=True, shared_reset=True, rules=(no_critic,),
               group_rules=(groups_of_two,)),
-    Algorithm("raft", raft_segment, episodic=True, rules=(whole_episodes, no_critic)),
+    Algorithm("raft", raft_segment, episodic=True, rules=(no_critic,)),
     Algorithm("vtrace", vtrace_segment, targets_per_version=True, rules=(sequence_ratio,)),
 )}

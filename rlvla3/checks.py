@@ -10,9 +10,10 @@ import os
 import re
 from pathlib import Path
 
-from .algo import ALGORITHMS, whole_episodes
+from .algo import ALGORITHMS
 from .config import ConfigError, RunConfig, require
 from .envs import SIM_MODULES, env_dims, interpreter
+from .policies import execute_steps
 from .policies.openvla.layout import is_released_openvla as released_openvla
 from .policies.pi.layout import hashed_pi05_min_length
 from .policies.prompts import instruction_encoder
@@ -146,6 +147,10 @@ def pretrained(cfg: RunConfig) -> None:
             openvla_folder.check(p, env_dims(cfg).action_dim, env_dims(cfg).proprio_dim)
         elif p.name in ("pi0", "pi05"):
             pi_layout.check_folder_type(p.pretrained, p.name)
+            said = pi_layout.execute_steps(p.pretrained)
+            require(p.execute_steps or not said or said <= p.chunk, "policy.execute_steps", p.execute_steps,
+                    f"the folder's config.json says n_action_steps={said}, more than policy.chunk={p.chunk}: "
+                    "set policy.chunk to its chunk_size, or policy.execute_steps")
             instruction_encoder(p)   # its tokenizer (and π0.5's state statistics) load
             # the statistics the flow reads: the state's (π0's state token) and the actions'
             pi_layout.folder_normaliser(p.pretrained, env_dims(cfg), state=p.name == "pi0")
@@ -161,13 +166,13 @@ def algo(cfg: RunConfig) -> None:
     """The algorithm's own rules (algo.ALGORITHMS), then the batch arithmetic every algorithm shares."""
     a, e = cfg.algo, cfg.env
     require(a.name in ALGORITHMS, "algo.name", a.name, f"use one of {', '.join(ALGORITHMS)}")
-    rules = ALGORITHMS[a.name].rules
-    if cfg.runtime.evaluate:   # whole episodes, whatever the algorithm
-        require(a.segment_steps * cfg.policy.chunk >= e.horizon, "algo.segment_steps", a.segment_steps,
-                f"evaluation uses whole episodes: a segment must hold one (algo.segment_steps * policy.chunk >= "
-                f"env.horizon={e.horizon})")
-        rules = tuple(r for r in rules if r is not whole_episodes)
-    for rule in rules:
+    if cfg.runtime.evaluate or ALGORITHMS[a.name].episodic:   # an evaluation, or outcome advantages
+        executed = execute_steps(cfg.policy)   # a released folder may say it: read here, not in algo.py
+        user = "evaluation" if cfg.runtime.evaluate else a.name
+        require(a.segment_steps * executed >= e.horizon, "algo.segment_steps", a.segment_steps,
+                f"{user} uses whole episodes: a segment must hold one (algo.segment_steps * {executed} actions "
+                f"executed a chunk >= env.horizon={e.horizon})")
+    for rule in ALGORITHMS[a.name].rules:
         refuse(rule(cfg))
     seg = e.num_envs * a.segment_steps
     require(a.rollout_batch >= seg and a.rollout_batch % seg == 0, "algo.rollout_batch", a.rollout_batch,

@@ -136,9 +136,16 @@ class PolicyConfig:
     action expert) | pi05 (π0.5: LeRobot's layout, the state in the prompt) | emulated (sleeps for the
     costs below; no torch)."""
     chunk: int = 1
-    """Actions per forward (action chunking, OpenVLA-OFT/π0 style). The Simulator executes the K
-    actions of a chunk, one env step each, and records one row per chunk: its reward is the sum
-    over the steps executed, log-prob and advantage are per chunk (a chunk-level MDP)."""
+    """Actions per forward (action chunking, OpenVLA-OFT/π0 style). The Simulator executes the
+    first policy.execute_steps actions of a chunk, one env step each, and records one row per
+    chunk: its reward is the sum over the steps executed, log-prob and advantage are per chunk (a
+    chunk-level MDP)."""
+    execute_steps: int = 0
+    """Actions of each chunk the Simulator executes before the policy decides again (a receding
+    horizon, as released π0/π0.5 checkpoints are evaluated: 10 of 50 on LIBERO). 0: what a
+    released folder says (π0/π0.5: config.json's n_action_steps), else the whole chunk. The row
+    keeps the whole chunk's sample and log-prob: the chunk is the decision sampled, of which the
+    env saw the first steps."""
     decoding: str = "parallel"
     """openvla: parallel (all K*D action tokens from one forward, OpenVLA-OFT) | autoregressive
     (one token per forward with a KV cache, OpenVLA)."""
@@ -247,6 +254,8 @@ class PolicyConfig:
         """Each field on its own (checks across fields and sections: rlvla3/checks.py)."""
         require(self.patch >= 1, "policy.patch", self.patch, "must be >= 1 (pixels per image patch)")
         require(self.chunk >= 1, "policy.chunk", self.chunk, "must be >= 1 (actions per forward)")
+        require(0 <= self.execute_steps <= self.chunk, "policy.execute_steps", self.execute_steps,
+                f"execute 1 to policy.chunk={self.chunk} actions of each chunk (0: the released folder's, else all)")
         require(self.decoding in ("parallel", "autoregressive"), "policy.decoding", self.decoding, "use parallel or autoregressive")
         require(self.lm in ("qwen2", "llama"), "policy.lm", self.lm, "use qwen2 or llama")
         require(self.denoise_steps >= 1, "policy.denoise_steps", self.denoise_steps, "must be >= 1")

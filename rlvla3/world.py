@@ -17,7 +17,7 @@ from .algo import ALGORITHMS
 from .checks import gpu_ranks  # noqa: F401  (the GPU component's size: the launcher and the planner read it here)
 from .config import ConfigError, RunConfig
 from .envs import env_dims, in_process
-from .policies import SampleLayout, sample_layout
+from .policies import SampleLayout, execute_steps, sample_layout
 
 ROLES = ("simulator", "generator", "trainer")
 
@@ -79,6 +79,9 @@ class World:
     """Optimizer steps per version (update_epochs passes)."""
     b_max: int
     """The batcher's sample limit: generator.b_max capped at policy.max_batch."""
+    execute_steps: int
+    """Env steps each action chunk executes (policies.execute_steps: the config's, the released
+    folder's, or the whole chunk)."""
     episodic: bool
     """Whole episodes per segment (grpo, raft, evaluation): every env of a group resets at each segment
     start, and an env whose episode ended waits for that reset."""
@@ -214,6 +217,7 @@ def derive(cfg: RunConfig) -> World:
         opt_steps_per_epoch=per_epoch,
         opt_steps_per_version=a.update_epochs * per_epoch,
         b_max=min(cfg.generator.b_max, cfg.policy.max_batch),
+        execute_steps=execute_steps(cfg.policy),
         episodic=episodic(cfg),
         shared_reset=shared_reset(cfg),
         in_process_envs=in_process(cfg),

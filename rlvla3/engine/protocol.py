@@ -76,7 +76,7 @@ class ShardReady:
     rows: int            # steps * n_envs
     min_version: int
     max_version: int
-    env_steps: int       # env steps the segment executed (rows x chunk at most)
+    env_steps: int       # env steps the segment executed (rows x executed steps a chunk at most)
     # rollout statistics for the segment (for progress and metrics)
     episodes: int = 0
     successes: int = 0

@@ -63,7 +63,8 @@ BAD_DIR = ".bad"
 #   values     float32 [T, N]                 V(obs) at the Generator
 #   rewards    float32 [T, N]                 reward summed over the env steps of the chunk
 #   terminated, truncated, success  bool [T, N]  of the chunk's last env step
-#   env_steps  int16   [T, N]                 env steps the chunk executed (< K if it ended early)
+#   env_steps  int16   [T, N]                 env steps the chunk executed (policy.execute_steps of
+#                                             its K, fewer where the episode ended)
 #   valid      bool    [T, N]                 the env was in an episode when deciding (false only
 #                                             for grpo rows after the env's episode ended)
 #   versions   int32   [T, N]                 policy version that produced the row

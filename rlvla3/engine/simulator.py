@@ -240,7 +240,7 @@ class GroupLoop:
         s["logprobs"][t] = r["logprob"]
         s["values"][t] = r["value"]
         s["versions"][t] = version
-        self.env.start_step(r["action"].copy())
+        self.env.start_step(r["action"][:, :self.ctx.world.execute_steps].copy())   # a receding horizon
         self.state = STEPPING
 
     def _on_env_result(self, out: GroupStep) -> FinishedSegment | None:

@@ -10,7 +10,25 @@ from __future__ import annotations
 
 from .sampling import CHAIN_FAMILIES, SampleLayout, sample_layout, tokens_to_actions
 
-__all__ = ["CHAIN_FAMILIES", "SampleLayout", "make_actor", "make_policy", "sample_layout", "tokens_to_actions"]
+__all__ = ["CHAIN_FAMILIES", "SampleLayout", "execute_steps", "make_actor", "make_policy", "sample_layout", "tokens_to_actions"]
+
+
+def execute_steps(pcfg) -> int:
+    """Env steps each action chunk executes: policy.execute_steps, or (0) what the released
+    folder says (registry.Family.horizon), or the whole chunk."""
+    import importlib
+
+    from .registry import FAMILIES
+
+    if pcfg.execute_steps:
+        return pcfg.execute_steps
+    f = FAMILIES.get(pcfg.name)
+    if f and f.horizon and pcfg.pretrained:
+        module, name = f.horizon.split(":")
+        said = getattr(importlib.import_module(f".{module}", __name__), name)(pcfg.pretrained)
+        if said:
+            return said
+    return pcfg.chunk
 
 
 def make_policy(cfg, spec, published: bool = False):

@@ -23,6 +23,9 @@ class Family:
     prompt: str | None = None
     """module:function (torch-free) giving the family's instruction encoder for a `policy` config,
     or None there: the project's hashed words (policies/prompts.py)."""
+    horizon: str | None = None
+    """module:function (torch-free) giving how many actions of a chunk a released folder says to
+    execute (None where it says nothing), or None: the folder never says."""
     torch: bool = True
 
 
@@ -35,9 +38,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            "an OpenVLA-OFT fine-tune: the Prismatic folder + action head + proprio projector + dataset_statistics.json",
            "openvla.layout:encoder"),
     Family("pi0", "pi.pi0:Pi0Flow", "pi.pi0:Pi0Flow", "chain",
-           "transformers' or LeRobot's PI0 folder + LeRobot normaliser files; PaliGemma's tokenizer", "pi.layout:pi0_encoder"),
+           "transformers' or LeRobot's PI0 folder + LeRobot normaliser files; PaliGemma's tokenizer", "pi.layout:pi0_encoder",
+           "pi.layout:execute_steps"),
     Family("pi05", "pi.pi05:Pi05Flow", "pi.pi05:Pi05Flow", "chain",
-           "LeRobot's π0.5 folder (lerobot/pi05_base layout) + normaliser files; PaliGemma's tokenizer", "pi.layout:pi05_encoder"),
+           "LeRobot's π0.5 folder (lerobot/pi05_base layout) + normaliser files; PaliGemma's tokenizer", "pi.layout:pi05_encoder",
+           "pi.layout:execute_steps"),
     Family("emulated", None, None, "tokens", "nothing: sleeps for a planner profile's costs", torch=False),
 )}
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..policies import execute_steps
+
 
 def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     """95% Wilson score interval of a success rate (sound at 0, 1 and small n, unlike p ± z·se)."""
@@ -27,7 +29,7 @@ def eval_rounds(cfg, episodes: int) -> int:
 
 def eval_overrides(cfg, checkpoint: str, episodes: int) -> dict:
     """Config sections that turn `cfg` into an evaluation run of about `episodes` episodes."""
-    seg = math.ceil(cfg.env.horizon / cfg.policy.chunk)
+    seg = math.ceil(cfg.env.horizon / execute_steps(cfg.policy))
     rollout = cfg.env.num_envs * seg
     return {"policy": {"init_from": checkpoint}, "runtime": {"evaluate": True},
             "algo": {"segment_steps": seg, "rollout_batch": rollout, "global_batch": rollout,

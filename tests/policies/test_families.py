@@ -21,6 +21,8 @@ FAMILIES = {
     "tiny_chunk2": ["policy.chunk=2"],
     # Token ratios: the Trainer's per-token π_prox forward, summed, must match the Generator's log-prob.
     "tiny_token_ratio": ["policy.chunk=2", "algo.ratio=token"],
+    # A receding horizon: 2 of each chunk of 4 executed; the row keeps the whole chunk's sample.
+    "tiny_chunk4_execute2": ["policy.chunk=4", "policy.execute_steps=2"],
     "openvla_parallel_qwen2": ["policy=openvla", "policy.patch=3", "policy.chunk=2"],
 }
 
@@ -37,7 +39,9 @@ def test_family_runs_async_and_logprobs_match(tmp_path, family):
     assert a["actions"].shape == (T, N, K, 2)
     assert a["sample"].shape == (T, N, K * 2) and a["sample"].dtype == np.int32
     np.testing.assert_allclose(a["actions"].reshape(T, N, -1), a["sample"] / 2 * 2 - 1)   # 3 bins: -1, 0, 1
-    assert (a["env_steps"] >= 1).all() and (a["env_steps"] <= K).all()
+    E = next((int(o.split("=")[1]) for o in over if o.startswith("policy.execute_steps=")), K)
+    ended = a["terminated"] | a["truncated"]
+    assert (a["env_steps"] >= 1).all() and (a["env_steps"][~ended] == E).all() and (a["env_steps"] <= E).all()
 
 
 @pytest.mark.parametrize("algo", ["grpo", "raft"])

@@ -134,6 +134,31 @@ def test_a_folder_of_another_model_is_refused_naming_its_type(tmp_path):
         validate(compose(over))
 
 
+def test_the_execution_horizon_is_read_from_the_folder_and_bounded_by_the_chunk(tmp_path):
+    """LeRobot's config.json says how many actions of a chunk its evaluation executes
+    (n_action_steps): with policy.execute_steps=0 the Simulators execute that many (the world
+    says it), a set policy.execute_steps wins, and more than the chunk is refused before any rank
+    starts, naming the folder's value."""
+    import json
+
+    from rlvla3.world import derive
+
+    cfg = compose([*PI0_TOY, "policy.chunk=4"])
+    write_folder(tmp_path, cfg)
+    over = [*PI0_TOY, "policy.chunk=4", f"policy.pretrained={tmp_path / 'pi0'}", f"policy.tokenizer={tmp_path / 'paligemma'}"]
+    assert derive(compose(over)).execute_steps == 4   # transformers' config.json: no n_action_steps, the whole chunk
+    config = tmp_path / "pi0" / "config.json"
+    written = json.loads(config.read_text())
+    config.write_text(json.dumps({**written, "n_action_steps": 3}))
+    assert derive(compose(over)).execute_steps == 3
+    assert derive(compose([*over, "policy.execute_steps=2"])).execute_steps == 2
+    config.write_text(json.dumps({**written, "n_action_steps": 10}))
+    with pytest.raises(ConfigError, match=r"n_action_steps=10, more than policy.chunk=4"):
+        validate(compose(over))
+    with pytest.raises(ConfigError, match=r"policy.execute_steps=5.*1 to policy.chunk=4"):
+        validate(compose([*over, "policy.execute_steps=5"]))
+
+
 def test_statistics_of_another_robot_are_named(tmp_path):
     cfg = compose(PI0_TOY)
     write_folder(tmp_path, cfg)

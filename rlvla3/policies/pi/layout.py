@@ -125,6 +125,15 @@ def check_folder_type(folder: str | Path, family: str) -> None:
                          f"{family} folder; pick the policy its config names")
 
 
+def execute_steps(folder: str | Path) -> int | None:
+    """The actions of each chunk a released folder's own evaluation executes (LeRobot's
+    config.json `n_action_steps`), or None where it does not say (or has no config.json, which
+    the launcher's folder check names)."""
+    path = Path(folder) / "config.json"
+    said = json.loads(path.read_text()).get("n_action_steps") if path.is_file() else None
+    return int(said) if said else None
+
+
 def folder_normaliser(folder: str | Path, dims, state: bool = True) -> tuple[tuple[np.ndarray, np.ndarray],
                                                                             tuple[np.ndarray, np.ndarray]]:
     """(scale, shift) of the proprio's normalisation and of the actions' (normalised = x * scale +
