@@ -58,7 +58,13 @@ class EnvConfig:
     horizon: int = 64
     """Episode length limit in env steps; an episode cut here is truncated."""
     image_size: int = 64
-    """Square camera resolution in pixels."""
+    """Square camera resolution in pixels (the policy's image)."""
+    image_pipeline: str = "direct"
+    """libero: how a rendered frame becomes the policy's image, as a released checkpoint's own
+    LIBERO evaluation prepares it (envs/images.py): direct (rendered at env.image_size) | openvla
+    (OpenVLA's and OpenVLA-OFT's: rendered at 256, a JPEG round trip, a Lanczos resize, the
+    centre 0.9 of the area resized back) | openpi (openpi's π0/π0.5 client: rendered at 256, a
+    bilinear resize)."""
     cameras: list[str] = field(default_factory=lambda: ["agentview"])
     """Camera names (robosuite: agentview, robot0_eye_in_hand, ...; metaworld: corner2, ...); one image each."""
     robot: str = "Panda"
@@ -120,6 +126,8 @@ class EnvConfig:
         require(self.horizon >= 1, "env.horizon", self.horizon, "must be >= 1")
         require(self.max_failed_starts >= 0, "env.max_failed_starts", self.max_failed_starts, "must be >= 0")
         require(len(self.cameras) >= 1, "env.cameras", self.cameras, "name at least one camera")
+        require(self.image_pipeline in ("direct", "openvla", "openpi"), "env.image_pipeline", self.image_pipeline,
+                "use direct, openvla or openpi")
         for name in ("step_timeout", "reset_timeout", "start_timeout"):
             require(getattr(self, name) > 0, f"env.{name}", getattr(self, name), "timeouts must be > 0")
         require(0.0 <= self.success_rate <= 1.0, "env.success_rate", self.success_rate, "must be in [0, 1]")
@@ -197,8 +205,8 @@ class PolicyConfig:
     state, as OpenVLA's. Other families read the proprio as a token and refuse false."""
     image_crop: float = 1.0
     """openvla/openvla_oft with pretrained: the fraction of each frame's area a centre crop keeps
-    before the resize (OpenVLA's and OFT's LIBERO fine-tunes: 0.9, as they were trained on random
-    0.9 crops); 1.0: no crop."""
+    before the resize (fine-tunes trained on random crops); 1.0: no crop. On LIBERO the presets
+    crop as the released evaluations do instead (env.image_pipeline=openvla), and leave this 1.0."""
     unnorm_key: str = ""
     """openvla with pretrained: the dataset in the folder's norm_stats whose action statistics
     un-normalise the actions (e.g. libero_spatial_no_noops); empty: the folder's only one."""

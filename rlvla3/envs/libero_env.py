@@ -9,7 +9,8 @@ top level imports numpy only, so the Simulator rank can read the constants below
 
 As the published evaluation scripts drive LIBERO (OpenVLA, OpenVLA-OFT, openpi):
 - Observation: per camera of env.cameras (agentview, robot0_eye_in_hand) an RGB image rotated
-  180° (`img[::-1, ::-1]`: MuJoCo renders bottom-up); proprio 8 = end-effector position 3 +
+  180° (`img[::-1, ::-1]`: MuJoCo renders bottom-up), rendered and resized as env.image_pipeline
+  says (a released checkpoint's own evaluation: envs/images.py); proprio 8 = end-effector position 3 +
   axis-angle 3 (from robosuite's xyzw quaternion) + gripper joint positions 2 (OFT's layout;
   robosuite's own adapter gives position 3 + quaternion 4 + gripper 2).
 - Action: 7-D delta end-effector (OSC_POSE: position 3, axis-angle 3) + gripper (-1 open, +1 close),
@@ -41,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import LazyCameras, Obs, for_controller
+from .images import prepare, render_size
 
 SUITES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
@@ -163,6 +165,7 @@ class LiberoEnv:
         from libero.libero import benchmark
 
         self.c = cfg_env
+        self.render_size = render_size(cfg_env.image_pipeline, cfg_env.image_size)   # env.image_pipeline's (envs/images.py)
         self.suite = benchmark.get_benchmark_dict()[cfg_env.suite](task_order_index=0)
         self.tasks = list(cfg_env.task_ids)
         self.envs: dict[int, object] = {}   # task id -> its LIBERO env, built at its first episode
@@ -179,7 +182,7 @@ class LiberoEnv:
 
             self.envs[task] = OffScreenRenderEnv(
                 bddl_file_name=self.suite.get_task_bddl_file_path(task), camera_names=list(self.c.cameras),
-                camera_heights=self.c.image_size, camera_widths=self.c.image_size,
+                camera_heights=self.render_size, camera_widths=self.render_size,
                 horizon=self.c.horizon + self.c.settle_steps + 10,   # robosuite refuses steps past its own horizon
                 hard_reset=self.c.hard_reset, controller=self.c.arm_controller)
             if self.c.fast_render:
@@ -252,7 +255,8 @@ class LiberoEnv:
 
     def _obs(self, raw: dict) -> Obs:
         self.raw = raw
-        images = np.stack([raw[f"{cam}_image"][::-1, ::-1] for cam in self.c.cameras])
+        images = np.stack([prepare(raw[f"{cam}_image"][::-1, ::-1], self.c.image_pipeline, self.c.image_size)
+                           for cam in self.c.cameras])
         proprio = np.concatenate([raw["robot0_eef_pos"], quat2axisangle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]])
         return Obs(np.ascontiguousarray(images), proprio.astype(np.float32), self.instruction)
 

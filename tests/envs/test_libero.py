@@ -166,6 +166,29 @@ def test_bad_libero_settings_are_refused_before_any_rank_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_an_image_pipeline_renders_at_its_size_and_prepares_each_camera(tmp_path):
+    """env.image_pipeline=openvla renders LIBERO at 256 and hands the policy each camera as
+    OpenVLA's evaluation prepares it (envs/images.py, checked on its own in test_images.py);
+    a pipeline outside LIBERO, a second crop or a size above 256 is refused before any rank starts."""
+    cfg = compose(["env=libero", "env.suite=libero_object", "env.task_ids=[0]", "env.image_size=224",
+                   "env.cameras=[agentview,robot0_eye_in_hand]", "env.image_pipeline=openvla", "env.init_states=fixed"])
+    got = in_libero(cfg, """
+        from rlvla3.envs.images import prepare
+        obs = env.reset(0)
+        raw = [env.raw[f"{cam}_image"] for cam in env.c.cameras]
+        want = [prepare(r[::-1, ::-1], "openvla", 224) for r in raw]
+        print(json.dumps({"raw": [list(r.shape) for r in raw], "obs": list(obs.images.shape),
+                          "same": [bool(np.array_equal(o, w)) for o, w in zip(obs.images, want)]}))
+    """)
+    assert got["raw"] == [[256, 256, 3]] * 2 and got["obs"] == [2, 224, 224, 3] and all(got["same"]), got
+    for over, field in [(["env=toy", "env.image_pipeline=openvla"], "env.image_pipeline"),
+                        (["env=libero", "env.image_pipeline=openvla", "env.image_size=224", "policy.image_crop=0.9"],
+                         "policy.image_crop"),
+                        (["env=libero", "env.image_pipeline=openpi", "env.image_size=320"], "env.image_size")]:
+        with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+            prepare_run_dir(compose(over), tmp_path / "run")
+
+
 def tiny_checkpoint(path, overrides):
     import torch
 
