@@ -13,6 +13,7 @@ from pathlib import Path
 from .algo import ALGORITHMS
 from .config import ConfigError, RunConfig, require
 from .envs import SIM_MODULES, env_dims, interpreter
+from .envs.images import CROP_AREA, PIPELINES, render_size
 from .policies import execute_steps
 from .policies.openvla.layout import is_released_openvla as released_openvla
 from .policies.pi.layout import hashed_pi05_min_length
@@ -62,6 +63,7 @@ def env(cfg: RunConfig) -> None:
     require(e.name in SIM_MODULES, "env.name", e.name, f"use one of {', '.join(SIM_MODULES)}")
     require(e.arm_controller == "OSC_POSE" or e.name in ("robosuite", "libero"), "env.arm_controller", e.arm_controller,
             f"only env.name=robosuite or libero can change its arm controller (env.name={e.name!r})")
+    require(e.image_pipeline in PIPELINES, "env.image_pipeline", e.image_pipeline, f"use one of {', '.join(PIPELINES)}")
     require(e.image_pipeline == "direct" or e.name == "libero", "env.image_pipeline", e.image_pipeline,
             f"the released evaluations' image pipelines are LIBERO's; env.name={e.name!r} renders direct")
     if e.name == "libero":
@@ -79,8 +81,9 @@ def libero(e) -> None:
     bad = [t for t in e.task_ids if not 0 <= t < SUITES[e.suite]]
     require(not bad, "env.task_ids", list(e.task_ids), f"{e.suite} has tasks 0..{SUITES[e.suite] - 1} (out of range: {bad})")
     require(set(e.cameras) <= set(CAMERAS), "env.cameras", list(e.cameras), f"LIBERO's cameras are {', '.join(CAMERAS)}")
-    require(e.image_pipeline == "direct" or e.image_size <= 256, "env.image_size", e.image_size,
-            f"env.image_pipeline={e.image_pipeline} renders at 256 and shrinks to env.image_size: use at most 256")
+    rendered = render_size(e.image_pipeline, e.image_size)
+    require(e.image_size <= rendered, "env.image_size", e.image_size,
+            f"env.image_pipeline={e.image_pipeline} renders at {rendered} and shrinks to env.image_size: use at most {rendered}")
     require(bool(e.python), "env.python", e.python, "LIBERO runs under its own interpreter: bash scripts/setup_libero.sh "
             "makes .venv-libero (conf/env/libero.yaml points env.python at it)")
 
@@ -102,7 +105,7 @@ def policy(cfg: RunConfig) -> None:
     if p.lm_backend == "megatron":
         megatron(cfg)
     require(e.image_pipeline != "openvla" or p.image_crop == 1.0, "policy.image_crop", p.image_crop,
-            "env.image_pipeline=openvla already crops the centre 0.9 of the area as OpenVLA's evaluation does: "
+            f"env.image_pipeline=openvla already crops the centre {CROP_AREA} of the area as OpenVLA's evaluation does: "
             "leave policy.image_crop=1.0")
     require(p.discrete_state_input or p.name == "pi05", "policy.discrete_state_input", p.discrete_state_input,
             f"only pi05 writes its state into the prompt; policy={p.name} reads the proprio as a token: drop the override")

@@ -126,8 +126,6 @@ class EnvConfig:
         require(self.horizon >= 1, "env.horizon", self.horizon, "must be >= 1")
         require(self.max_failed_starts >= 0, "env.max_failed_starts", self.max_failed_starts, "must be >= 0")
         require(len(self.cameras) >= 1, "env.cameras", self.cameras, "name at least one camera")
-        require(self.image_pipeline in ("direct", "openvla", "openpi"), "env.image_pipeline", self.image_pipeline,
-                "use direct, openvla or openpi")
         for name in ("step_timeout", "reset_timeout", "start_timeout"):
             require(getattr(self, name) > 0, f"env.{name}", getattr(self, name), "timeouts must be > 0")
         require(0.0 <= self.success_rate <= 1.0, "env.success_rate", self.success_rate, "must be in [0, 1]")

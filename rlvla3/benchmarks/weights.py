@@ -62,6 +62,9 @@ def run(a) -> int:
     return 0
 
 
+METHODS = ("relay", "ibcast")
+
+
 def publish_points(generators: str, methods: str, fanouts: str) -> list[tuple[int, str, int]]:
     """(Generators, method, fanout) of each MPI job: the relay tree at every fanout, Ibcast once
     (it has no fanout: -1); one Generator only once (every way is the same single send)."""
@@ -71,12 +74,10 @@ def publish_points(generators: str, methods: str, fanouts: str) -> list[tuple[in
             if method not in METHODS:
                 raise SystemExit(f"--methods {methods}: {method!r} is not one of {', '.join(METHODS)}")
             for fanout in ([int(f) for f in fanouts.split(",")] if method == "relay" else [-1]):
-                if g > 1 or not points or points[-1][0] != 1:
-                    points.append((g, method, fanout))
+                if g == 1 and any(p[0] == 1 for p in points):
+                    continue
+                points.append((g, method, fanout))
     return points
-
-
-METHODS = ("relay", "ibcast")
 
 
 def broadcast_check(rows: list[dict], bucket_mb: float) -> str:

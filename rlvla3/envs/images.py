@@ -66,10 +66,9 @@ def crop_and_resize_centre(frame: np.ndarray, area: float) -> np.ndarray:
     as TensorFlow's crop_and_resize samples a box [y1, x1, y2, x2] (output row i reads input row
     y1 (H - 1) + i (y2 - y1) (H - 1) / (h - 1)); then float [0, 1] -> uint8 as
     convert_image_dtype(saturate=True) does (x * 255.5, clipped, truncated)."""
-    side = area ** 0.5
-    lo, hi = (1 - side) / 2, (1 + side) / 2
     f32 = np.float32
-    lo, hi = f32(lo), f32(hi)
+    side = area ** 0.5
+    lo, hi = f32((1 - side) / 2), f32((1 + side) / 2)
     h, w = frame.shape[:2]
     x = frame.astype(f32) * f32(1 / 255)   # float32 throughout, in TensorFlow's order of operations
     ys = lo * f32(h - 1) + np.arange(h, dtype=f32) * ((hi - lo) * f32(h - 1) / f32(h - 1))

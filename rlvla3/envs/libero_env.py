@@ -175,6 +175,7 @@ class LiberoEnv:
         self.expert = None    # the episode's scripted expert, made at its first expert_action()
         self.lazy: dict[int, LazyCameras] = {}    # task id -> its env's cameras, drawn when wanted
         self.cameras: LazyCameras | None = None   # the current episode's
+        self.prepared: list[np.ndarray] | None = None   # the last drawn frames, as env.image_pipeline prepared them
 
     def _env_of(self, task: int):
         if task not in self.envs:
@@ -255,8 +256,10 @@ class LiberoEnv:
 
     def _obs(self, raw: dict) -> Obs:
         self.raw = raw
-        images = np.stack([prepare(raw[f"{cam}_image"][::-1, ::-1], self.c.image_pipeline, self.c.image_size)
-                           for cam in self.c.cameras])
+        if self.cameras.wanted or self.prepared is None:   # an unwanted step repeats the last drawn frames
+            self.prepared = [prepare(raw[f"{cam}_image"][::-1, ::-1], self.c.image_pipeline, self.c.image_size)
+                             for cam in self.c.cameras]
+        images = np.stack(self.prepared)
         proprio = np.concatenate([raw["robot0_eef_pos"], quat2axisangle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]])
         return Obs(np.ascontiguousarray(images), proprio.astype(np.float32), self.instruction)
 

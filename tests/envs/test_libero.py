@@ -80,33 +80,41 @@ def test_success_is_the_goal_zero_actions_are_not_and_a_seed_is_one_initial_stat
     assert got["fixed"] and got["same"] and got["differs"], got
 
 
-@pytest.mark.parametrize("hard_reset", [True, False])
-def test_a_chunk_draws_only_its_last_frame_and_it_is_the_frame_every_step_would_draw(hard_reset):
+@pytest.mark.parametrize("hard_reset,pipeline", [(True, "direct"), (False, "direct"), (False, "openvla")])
+def test_a_chunk_draws_only_its_last_frame_and_it_is_the_frame_every_step_would_draw(hard_reset, pipeline):
     """Rendering is most of a LIBERO step on a CPU, and the policy sees only a chunk's last
-    observation: hosting's Episode asks the env to draw only that one (base.LazyCameras). The same
-    episode (one fixed state, one action sequence) stepped as chunks of 4 and as single observed
-    steps: identical frames of both cameras and proprio at every chunk's end, and 2 camera draws
-    per chunk instead of 8; after hard resets (robosuite puts its own camera sensors back) and soft."""
+    observation: hosting's Episode asks the env to draw only that one (base.LazyCameras), and an
+    image pipeline prepares only the frames drawn. The same episode (one fixed state, one action
+    sequence) stepped as chunks of 4 and as single observed steps: identical frames of both cameras
+    and proprio at every chunk's end, and 2 camera draws per chunk instead of 8; after hard resets
+    (robosuite puts its own camera sensors back) and soft."""
     cfg = compose(["env=libero", "env.suite=libero_object", "env.task_ids=[0]", "env.image_size=64",
-                   "env.init_states=fixed", "env.settle_steps=2", f"env.hard_reset={hard_reset}"])
+                   "env.init_states=fixed", "env.settle_steps=2", f"env.hard_reset={hard_reset}",
+                   f"env.image_pipeline={pipeline}"])
     got = in_libero(cfg, """
         from rlvla3.envs.hosting import Episode
         ep = Episode(namespace(json.loads(sys.argv[1])), 0, 0, auto_reset=False)
         actions = np.random.default_rng(0).uniform(-1, 1, (4, 4, 7)).astype(np.float32)
+
+        import rlvla3.envs.libero_env as adapter
+        prepare, prepared = adapter.prepare, []
+        adapter.prepare = lambda *a: (prepared.append(1), prepare(*a))[1]
 
         def run(chunked):
             first = ep.reset(0)
             sim, draws = ep.env.env.env.sim, []
             render = sim.render
             sim.render = lambda *a, **k: (draws.append(k.get("camera_name")), render(*a, **k))[1]
+            prepared.clear()
             ends = []
             for chunk in actions:
                 outs = [ep.step(chunk)] if chunked else [ep.step(a[None]) for a in chunk]
                 ends.append((outs[-1].obs.images, outs[-1].obs.proprio))
-            return first, ends, len(draws)
+            return first, ends, len(draws), len(prepared)
 
-        (first_a, eager, eager_draws), (first_b, lazy, lazy_draws) = run(False), run(True)
+        (first_a, eager, eager_draws, _), (first_b, lazy, lazy_draws, lazy_prepared) = run(False), run(True)
         print(json.dumps({"shape": list(lazy[0][0].shape), "eager_draws": eager_draws, "lazy_draws": lazy_draws,
+                          "lazy_prepared": lazy_prepared,
                           "first": bool(np.array_equal(first_a.images, first_b.images)),
                           "frames": [bool(np.array_equal(a[0], b[0])) for a, b in zip(eager, lazy)],
                           "proprio": [bool(np.array_equal(a[1], b[1])) for a, b in zip(eager, lazy)],
@@ -114,6 +122,7 @@ def test_a_chunk_draws_only_its_last_frame_and_it_is_the_frame_every_step_would_
     """)
     assert got["shape"] == [2, 64, 64, 3], got
     assert got["eager_draws"] == 16 * 2 and got["lazy_draws"] == 4 * 2, got
+    assert got["lazy_prepared"] == got["lazy_draws"], got   # only drawn frames go through the pipeline
     assert got["first"] and all(got["frames"]) and all(got["proprio"]), got
     assert got["moved"], got   # the frames compared are not one still picture
 
