@@ -3,9 +3,11 @@
 Whether Generators keep serving while a version arrives: one real engine job (mpiexec, every
 role) on the emulated workload, its policy `--params` float32 values (policy.emulated_params) that
 Trainer 0 publishes to `--generators` Generators each version, 4 Simulators (1 env each) per
-Generator, inference and training nearly free, async with eta = 2 so the Simulators never wait
-for a version. Each action request (a Simulator's `wait_action` span, minus the median forward)
-is put in one of two sets by whether it overlapped a version arriving at its Generator (that
+Generator, inference and training nearly free, env steps of 50 ms and async with eta = 9 so the
+Simulators keep stepping while a version arrives (with 10 ms steps and eta = 2 they ran out of
+credit while a publish was under way on 2 cores, and no request was left to overlap an
+arrival). Each action request (a Simulator's `wait_action` span, minus the median forward) is put
+in one of two sets by whether it overlapped a version arriving at its Generator (that
 Generator's `comm` span of the weights, from the header to the swap): p50 and p99 of each set and
 the ratio of the p99s. A Generator that stops serving while it receives shows a ratio far above
 1; the target is <= 2.
@@ -29,16 +31,17 @@ from .common import save_rows
 WARMUP = 5   # requests left out per group: the first wait for the first weights (start-up)
 
 
-def workload(params: float, gens: int, versions: int) -> list[str]:
+def workload(params: float, gens: int, versions: int, step_ms: float = 50, eta: int = 9) -> list[str]:
     """Heavy-tailed env steps (log-normal sigma 0.5) keep the Simulators out of step with each
-    other, so some are stepping whenever a version arrives."""
+    other, so some are stepping whenever a version arrives; `eta` versions of credit let them run
+    on through a slow publish."""
     sims, T = 4 * gens, 25
-    return ["env=emulated", f"env.num_envs={sims}", "env.step_ms=10", "env.step_sigma=0.5", "env.reset_ms=1",
+    return ["env=emulated", f"env.num_envs={sims}", f"env.step_ms={step_ms}", "env.step_sigma=0.5", "env.reset_ms=1",
             "env.horizon=100000", "policy=emulated", "policy.infer_fixed_ms=0", "policy.infer_per_sample_ms=0",
             "policy.train_samples_per_s=1e7", "policy.weight_sync_ms=0", f"policy.emulated_params={int(params)}",
             f"cluster.sim_ranks={sims}", f"cluster.gen_ranks={gens}", "cluster.train_ranks=1", "sharding.groups_per_rank=1",
             f"algo.segment_steps={T}", f"algo.rollout_batch={T * sims}", f"algo.global_batch={T * sims}",
-            f"algo.micro_batch={T * sims}", f"algo.max_versions={versions}", "generator.b_max=1", "mode=async", "mode.eta=2",
+            f"algo.micro_batch={T * sims}", f"algo.max_versions={versions}", "generator.b_max=1", "mode=async", f"mode.eta={eta}",
             "runtime.tensorboard=false", "runtime.progress=false", "runtime.liveness_timeout=120"]
 
 

@@ -71,12 +71,13 @@ def check_replies_from_whole_versions(run) -> None:
 def test_generators_serve_while_a_version_arrives_and_every_reply_is_a_whole_version(tmp_path):
     """A Generator receives the next version beside serving (weights.Incoming into a second buffer)
     and swaps between batches: forwards start on a Generator while a version is arriving there
-    (between its 8 MiB buckets), and still no reply comes from a half-arrived version. 5e7
-    parameters make each arrival long enough to see requests in it; before, a Generator answered
-    nothing until the last bucket."""
+    (between its 2 MiB buckets), and still no reply comes from a half-arrived version. 5e7
+    parameters make each arrival long enough to see requests in it, and the workload's credit
+    (eta = 9 over 50 ms steps) keeps the Simulators stepping through it; before, a Generator
+    answered nothing until the last bucket."""
     from rlvla3.benchmarks.serving import arrivals, workload
 
-    p, run = run_engine(tmp_path, [*workload(5e7, 2, 4), "generator.weights_bucket_mb=8"], name="serve")
+    p, run = run_engine(tmp_path, [*workload(5e7, 1, 4), "generator.weights_bucket_mb=2"], name="serve")
     assert_ok(p)
     windows = arrivals(run)
     gens = derive(config.load(run)).gen_ranks

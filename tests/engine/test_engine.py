@@ -195,20 +195,20 @@ def test_an_env_that_cannot_start_fails_the_job_naming_the_task(tmp_path):
 def test_a_checkpoint_longer_than_the_liveness_timeout_does_not_abort_the_job(tmp_path, monkeypatch):
     """Heartbeats came only from the main loop, so a Trainer busy writing a large checkpoint for
     longer than runtime.liveness_timeout was declared dead by every peer (here: a 12 s save
-    against a 5 s timeout, made slow by a sitecustomize in the ranks)."""
+    against an 8 s timeout, made slow by a sitecustomize in the ranks)."""
     survives_a_slow_rank(tmp_path, monkeypatch, "import rlvla3.engine.checkpoints as c\n_publish = c.publish\n"
                          "def slow(*a, **k):\n    time.sleep(12)\n    return _publish(*a, **k)\nc.publish = slow\n")
 
 
 def survives_a_slow_rank(tmp_path, monkeypatch, patch: str) -> None:
-    """Run toy for one version with a 5 s liveness timeout while `patch` (a sitecustomize in
+    """Run toy for one version with an 8 s liveness timeout while `patch` (a sitecustomize in
     every rank, `time` imported) makes one step of one role take 12 s: the job must finish."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("import time\n" + patch)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     t0 = time.monotonic()
-    proc, run = run_engine(tmp_path, [*TOY, "algo.max_versions=1", "runtime.liveness_timeout=5",
+    proc, run = run_engine(tmp_path, [*TOY, "algo.max_versions=1", "runtime.liveness_timeout=8",
                                       "runtime.heartbeat_interval=1"])
     assert_ok(proc)
     assert time.monotonic() - t0 > 12 and summary(run)["versions"] == 1
@@ -284,7 +284,7 @@ def test_a_stopped_launcher_leaves_no_process_of_the_job_behind(tmp_path, monkey
 
 def test_a_generator_slow_to_start_is_not_declared_silent(tmp_path, monkeypatch):
     """Start-up skew: a Generator that takes longer than runtime.liveness_timeout
-    to build its model (here 12 s against 5 s, by a sitecustomize in the ranks) must not be
+    to build its model (here 12 s against 8 s, by a sitecustomize in the ranks) must not be
     blamed by the peers that are ready first. It holds the GIL all that time, so its heartbeat
     thread is silent too, as when a large extension module loads on a crowded node (a CI run's
     Hydra sweep, two jobs on two cores, was aborted so: its Simulators were ready first)."""
