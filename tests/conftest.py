@@ -26,6 +26,34 @@ EMULATED_FAST = ["+experiment=emulated", "env.num_envs=8", "sharding.groups_per_
                  "env.step_ms=1", "env.reset_ms=5", "policy.infer_fixed_ms=1", "policy.train_samples_per_s=20000"]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items) -> None:
+    """The test command runs two pytest-xdist workers (`-n 2 --dist loadgroup`, docs/testing.md).
+    Tests that share something built once per module or session (the two toy learning runs, a
+    tiny released folder, the one-Trainer run) go to one worker, so it is built once; so do the
+    Slurm tests, which share the local cluster. Marks an `xdist_group` per set of such tests."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    shared_of = {}
+    for item in items:
+        keys = ["slurm"] if item.get_closest_marker("slurm") else []
+        for name, defs in item._fixtureinfo.name2fixturedefs.items():
+            d = defs[-1]
+            if d.scope in ("module", "session") and d.baseid.startswith("tests"):   # ours, not pytest's own
+                keys.append(f"{d.baseid}::{name}")
+        for k in keys[1:]:
+            parent[root(k)] = root(keys[0])
+        shared_of[item] = keys
+    for item, keys in shared_of.items():
+        if keys:
+            item.add_marker(pytest.mark.xdist_group(root(keys[0])))
+
+
 def run_engine(tmp_path: Path, overrides: list[str], timeout: float = 240, name: str = "run"):
     run_dir = tmp_path / name
     proc = run_local(compose(overrides), run_dir, timeout=timeout, capture=True)
