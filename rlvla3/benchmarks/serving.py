@@ -31,17 +31,17 @@ from .common import save_rows
 WARMUP = 5   # requests left out per group: the first wait for the first weights (start-up)
 
 
-def workload(params: float, gens: int, versions: int, step_ms: float = 50, eta: int = 9) -> list[str]:
+def workload(params: float, gens: int, versions: int) -> list[str]:
     """Heavy-tailed env steps (log-normal sigma 0.5) keep the Simulators out of step with each
-    other, so some are stepping whenever a version arrives; `eta` versions of credit let them run
-    on through a slow publish."""
+    other, so some are stepping whenever a version arrives; 9 versions of credit let them run on
+    through a slow publish."""
     sims, T = 4 * gens, 25
-    return ["env=emulated", f"env.num_envs={sims}", f"env.step_ms={step_ms}", "env.step_sigma=0.5", "env.reset_ms=1",
+    return ["env=emulated", f"env.num_envs={sims}", "env.step_ms=50", "env.step_sigma=0.5", "env.reset_ms=1",
             "env.horizon=100000", "policy=emulated", "policy.infer_fixed_ms=0", "policy.infer_per_sample_ms=0",
             "policy.train_samples_per_s=1e7", "policy.weight_sync_ms=0", f"policy.emulated_params={int(params)}",
             f"cluster.sim_ranks={sims}", f"cluster.gen_ranks={gens}", "cluster.train_ranks=1", "sharding.groups_per_rank=1",
             f"algo.segment_steps={T}", f"algo.rollout_batch={T * sims}", f"algo.global_batch={T * sims}",
-            f"algo.micro_batch={T * sims}", f"algo.max_versions={versions}", "generator.b_max=1", "mode=async", f"mode.eta={eta}",
+            f"algo.micro_batch={T * sims}", f"algo.max_versions={versions}", "generator.b_max=1", "mode=async", "mode.eta=9",
             "runtime.tensorboard=false", "runtime.progress=false", "runtime.liveness_timeout=120"]
 
 
