@@ -115,7 +115,8 @@ def policy(cfg: RunConfig) -> None:
         require(p.instruction_len >= need, "policy.instruction_len", p.instruction_len,
                 f"a random-initialised pi05's prompt holds the task, the {proprio_dim} state values as "
                 f"digits (up to 4 words each) and 4 fixed words: give at least {need} (more for a longer instruction)")
-    require_path(p.init_from, "policy.init_from", "a checkpoint file (.pt)", want_dir=False)
+    require_path(p.init_from, "policy.init_from", "a checkpoint: a file (.pt), or a sharded run's folder (.dcp)",
+                 want_dir=p.init_from.endswith(".dcp"))   # FSDP's checkpoints are folders of shards
     require_path(p.pretrained, "policy.pretrained", "a local checkpoint folder (config.json + weights)", want_dir=True)
     if p.pretrained:
         pretrained(cfg)

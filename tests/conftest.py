@@ -70,17 +70,16 @@ def one_trainer_run(tmp_path_factory) -> Path:
 
 def final_checkpoint(run_dir: Path) -> dict:
     """The latest checkpoint (version ends and mid-version preemption points, in order), in
-    either learner's format (torch, or the emulated learner's npz)."""
+    either learner's format (torch, the emulated learner's npz, or a sharded folder's model read
+    whole)."""
     from rlvla3 import config
-    from rlvla3.engine.checkpoints import ckpt_order
+    from rlvla3.engine.checkpoints import all_ckpts, read
 
-    path = sorted((run_dir / "ckpt").glob("v*.pt"), key=ckpt_order)[-1]
+    path = all_ckpts(run_dir / "ckpt")[-1]
     if config.load(run_dir).policy.name == "emulated":
         from rlvla3.engine.learners import EmulatedLearner
         return EmulatedLearner.load(path)
-    import torch
-
-    return torch.load(path, weights_only=True)
+    return read(path)
 
 
 def check_every_shard_consumed_once(run_dir: Path, versions: int, rollout_batch: int) -> None:

@@ -72,9 +72,9 @@ def run(a) -> int:
 
 def result(run_dir: Path, torch) -> dict:
     """The final checkpoint's model, each version's policy loss and the log-prob check's maximum."""
-    from ..engine.checkpoints import all_ckpts
+    from ..engine.checkpoints import all_ckpts, read
 
-    state = torch.load(all_ckpts(run_dir / "ckpt")[-1], weights_only=True)
+    state = read(all_ckpts(run_dir / "ckpt")[-1])
     history = json.loads((run_dir / "summary.json").read_text())["history"]
     checks = [json.loads(line)["v"] for f in (run_dir / "metrics").glob("*.jsonl")
               for line in f.read_text().splitlines() if '"logp_diff_max"' in line]

@@ -54,13 +54,29 @@ def previous_run(run_dir: Path) -> list[str]:
 
 
 def check_previous_run(cfg, run_dir: Path) -> None:
-    """A new run (not resume=true) refuses a folder that holds another run's data."""
+    """A new run (not resume=true) refuses a folder that holds another run's data; a resumed one,
+    checkpoints its Trainers cannot read."""
     from ..config import ConfigError
 
     previous = [] if cfg.resume else previous_run(Path(run_dir))
     if previous:
         raise ConfigError(f"run_dir={str(run_dir)!r} holds a previous run ({', '.join(previous)}): add resume=true to "
                           "continue it, or give a new run_dir (nothing in it was changed)")
+    check_resume_format(cfg, run_dir)
+
+
+def check_resume_format(cfg, run_dir: Path) -> None:
+    """resume=true: the newest checkpoint is the kind this config's Trainers read, a folder of
+    FSDP shards for policy.data_parallel=fsdp, one file otherwise (whatever the Trainer count)."""
+    from ..config import ConfigError
+    from ..engine import checkpoints
+
+    done = checkpoints.all_ckpts(Path(run_dir) / "ckpt") if cfg.resume and cfg.policy.name != "emulated" else []
+    if done and checkpoints.is_sharded(done[-1]) != (cfg.policy.data_parallel == "fsdp"):
+        was = "fsdp" if checkpoints.is_sharded(done[-1]) else "replicate"
+        raise ConfigError(f"resume=true: {done[-1]} was written with policy.data_parallel={was}, and this run has "
+                          f"policy.data_parallel={cfg.policy.data_parallel}: resume with policy.data_parallel={was} "
+                          "(any Trainer count)")
 
 
 def prepare_run_dir(cfg, run_dir: Path):

@@ -2,10 +2,12 @@
 Trainer's loop, and how many are kept.
 
 A Trainer writes `ckpt/v000012.pt` at the end of version 12 and, on a preemption signal,
-`ckpt/v000012-s0005.pt` after optimizer step 5 of version 12. The learner decides the file's
-format (torch.save for torch policies, npz for the emulated one); this module only names, orders
-and publishes: a checkpoint is written under a temporary name and renamed into place, so a
-reader never sees half a file. A version's checkpoint is written by `Saver` on a thread of its
+`ckpt/v000012-s0005.pt` after optimizer step 5 of version 12; a model sharded over Trainer ranks
+(policy.data_parallel=fsdp) writes folders instead, `ckpt/v000012.dcp/`, each rank its own shards
+(sharded_checkpoints.py). The learner decides the format (torch.save for torch policies, npz for
+the emulated one, DCP for sharded ones); this module only names, orders and publishes: a
+checkpoint is written under a temporary name and renamed into place, so a reader never sees half
+of one. A version's checkpoint is written by `Saver` on a thread of its
 own from a snapshot of the state (the Trainer waits for the copy, not for the disk); what must
 follow the file (deleting the shards it commits, an evaluation of it) runs once it is published.
 `runtime.keep_ckpts` bounds the disk: older checkpoints go once a newer one is published.
@@ -26,19 +28,74 @@ from . import faults
 
 
 def ckpt_order(path: Path) -> tuple[int, int]:
-    """v000012.pt -> (12, 0); v000012-s0005.pt -> (12, 5): later checkpoints sort last."""
-    m = re.fullmatch(r"v(\d+)(?:-s(\d+))?\.pt", path.name)
+    """v000012.pt -> (12, 0); v000012-s0005.pt (or .dcp) -> (12, 5): later checkpoints sort last."""
+    m = re.fullmatch(r"v(\d+)(?:-s(\d+))?\.(?:pt|dcp)", path.name)
     return (int(m.group(1)), int(m.group(2) or 0)) if m else (-1, -1)
 
 
-def ckpt_name(version: int, step_in_version: int = 0) -> str:
-    """The file name of the checkpoint after `step_in_version` optimizer steps of `version`."""
-    return f"v{version:06d}" + (f"-s{step_in_version:04d}" if step_in_version else "") + ".pt"
+def ckpt_name(version: int, step_in_version: int = 0, sharded: bool = False) -> str:
+    """The name of the checkpoint after `step_in_version` optimizer steps of `version` (a file;
+    `sharded`: a folder of per-rank shards)."""
+    return f"v{version:06d}" + (f"-s{step_in_version:04d}" if step_in_version else "") + (".dcp" if sharded else ".pt")
 
 
 def all_ckpts(ckpt_dir: Path) -> list[Path]:
     """Every checkpoint of a run, oldest first."""
-    return sorted(ckpt_dir.glob("v*.pt"), key=ckpt_order)
+    return sorted((p for p in ckpt_dir.glob("v*") if ckpt_order(p)[0] >= 0), key=ckpt_order)
+
+
+def is_sharded(path: Path) -> bool:
+    return Path(path).suffix == ".dcp"
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint, file or folder."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def read(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
+    """A checkpoint of either kind with whole tensors, as one process reads it (an evaluation,
+    policy.init_from): a file as `load_torch` reads it; a sharded folder's model (and π_prox),
+    without its optimizer state."""
+    if is_sharded(Path(path)):
+        from . import sharded_checkpoints
+
+        try:
+            return {**load_torch(Path(path) / sharded_checkpoints.TRAINER_FILE),
+                    **sharded_checkpoints.read_whole(Path(path))}
+        except (OSError, RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"{path}: not a readable checkpoint folder ({type(e).__name__}: "
+                                  f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})") from None
+    return load_torch(path, map_location=map_location, mmap=mmap)
+
+
+def exists(path: str | Path) -> bool:
+    """A checkpoint file, or a sharded checkpoint's folder."""
+    p = Path(path)
+    return p.is_file() or (is_sharded(p) and p.is_dir())
+
+
+def link_copy(src: Path, dst: Path) -> None:
+    """`dst` holds `src`'s bytes without copying them where the filesystem allows (hard links,
+    one per file of a folder), else as a copy; an old `dst` is replaced."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    remove(tmp)
+    if src.is_dir():
+        try:
+            shutil.copytree(src, tmp, copy_function=os.link)
+        except OSError:   # a filesystem without hard links
+            remove(tmp)
+            shutil.copytree(src, tmp)
+        remove(dst)   # a folder is not replaced by a rename: the old one goes first
+    else:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
 
 
 class CheckpointError(RuntimeError):
@@ -63,18 +120,24 @@ def load_torch(path: str | Path, map_location="cpu", mmap: bool = False) -> dict
                               "is not") from None
 
 
-def publish(save, state: dict, path: Path) -> Path:
+def publish(save, state: dict, path: Path, rename: bool = True) -> Path:
     """save(state, tmp), fsync it, rename tmp -> path (atomic within the folder), fsync the folder:
-    after a crash the name holds the whole new checkpoint or the folder holds the old ones."""
+    after a crash the name holds the whole new checkpoint or the folder holds the old ones.
+    rename=False: write this rank's part of a sharded checkpoint into tmp; the leader renames."""
     tmp = path.with_suffix(".tmp")
     try:
         save(state, tmp)
     except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)   # the previous checkpoints are untouched
+        if rename:
+            remove(tmp)   # the previous checkpoints are untouched
         raise CheckpointError(f"writing checkpoint {path} failed: {why_write_failed(e, path.parent)}; "
                               f"the checkpoints before it in {path.parent} are intact") from e
+    if not rename:
+        return tmp
     faults.reach("ckpt_save")
     _fsync(tmp)
+    if tmp.is_dir():
+        remove(path)   # written again after a resume (a folder is not replaced by a rename)
     tmp.rename(path)
     _fsync(path.parent)
     return path
@@ -121,7 +184,7 @@ def prune(ckpt_dir: Path, keep: int, in_use: set[str] = frozenset()) -> list[Pat
         return []
     old = [p for p in all_ckpts(ckpt_dir)[:-keep] if p.name not in in_use]
     for p in old:
-        p.unlink(missing_ok=True)
+        remove(p)
     return old
 
 
@@ -157,11 +220,15 @@ class Saver:
     checkpoints and runs the checkpoint's `then(path)` (pruning here, not on the writer thread,
     reads `in_use` where the evaluations it names change); `wait` blocks until the write in
     flight is published (a preemption checkpoint, the job's end, or a second checkpoint due
-    before the first is on disk), at most `timeout` s."""
+    before the first is on disk), at most `timeout` s.
+
+    publishes=False: a Trainer rank that writes its part of a sharded checkpoint, which the
+    leader's Saver publishes (renames, prunes, follows up)."""
 
     def __init__(self, save: Callable[[dict, Path], None], ckpt_dir: Path, keep: int, timeout: float,
-                 in_use: Callable[[], set[str]] = frozenset):
+                 in_use: Callable[[], set[str]] = frozenset, publishes: bool = True):
         self.save, self.ckpt_dir, self.keep, self.timeout, self.in_use = save, ckpt_dir, keep, timeout, in_use
+        self.publishes = publishes
         self.thread: threading.Thread | None = None
         self.staging = None   # the last snapshot, its memory reused by the next one once written
         self.pending: tuple[Path, Callable[[Path], None] | None] | None = None
@@ -180,13 +247,14 @@ class Saver:
     def write_now(self, state: dict, path: Path) -> Path:
         """Publish `state` before returning (a preemption checkpoint: rank 0 requeues on its ack)."""
         self.wait()
-        publish(self.save, state, path)
-        prune(self.ckpt_dir, self.keep, self.in_use())
+        publish(self.save, state, path, self.publishes)
+        if self.publishes:
+            prune(self.ckpt_dir, self.keep, self.in_use())
         return path
 
     def _write(self, state: dict, path: Path) -> None:
         try:
-            publish(self.save, state, path)
+            publish(self.save, state, path, self.publishes)
         except BaseException as e:   # raised again on the Trainer's thread by poll/wait
             self.error = e
 
@@ -214,6 +282,8 @@ class Saver:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
+        if not self.publishes:
+            return
         prune(self.ckpt_dir, self.keep, self.in_use())
         if then is not None:
             then(path)

@@ -6,8 +6,8 @@ envs of its own (`runtime.eval_envs`, seeds from `runtime.eval_seed`, never the 
 one Simulator, Generator and Trainer in one process (no MPI: it is not a rank of this job). It
 writes <run>/eval/v<version>/eval.json and its videos; this side reads them back, logs success
 and its Wilson interval against the version (metrics/, TensorBoard, W&B), and keeps the best
-checkpoint by held-out success as ckpt/best.pt (a hard link to that version's file, a copy
-where the filesystem has none) with ckpt/best.json.
+checkpoint by held-out success as ckpt/best.pt (ckpt/best.dcp for a sharded one: hard links to
+that version's files, copies where the filesystem has none) with ckpt/best.json.
 
 The process runs in a process group of its own inside the job's session: the poll's timeout
 kills that group, and a launcher that kills the job's session (its timeout) takes it too.
@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .checkpoints import ckpt_name
+from .checkpoints import link_copy
 
 MPI_VARS = ("OMPI_", "PMIX_", "PMI_")   # the child is not a rank: it must not join this job's MPI world
 
@@ -50,7 +49,7 @@ def child_env() -> dict[str, str]:
 class Evaluator:
     def __init__(self, cfg, run_dir: Path, say=print):
         self.cfg, self.run_dir, self.say = cfg, Path(run_dir), say
-        self.running: tuple[int, subprocess.Popen, float] | None = None   # (version, process, deadline)
+        self.running: tuple[int, Path, subprocess.Popen, float] | None = None   # (version, checkpoint, process, deadline)
         self.waiting: tuple[int, Path] | None = None
         self.failures = 0
         best = self.run_dir / "ckpt" / "best.json"
@@ -65,8 +64,7 @@ class Evaluator:
     def in_use(self) -> set[str]:
         """The checkpoint files an evaluation still reads (running or waiting; the best one is
         linked from its version's file when the evaluation ends)."""
-        versions = [x[0] for x in (self.running, self.waiting) if x is not None]
-        return {ckpt_name(v) for v in versions}
+        return {x[1].name for x in (self.running, self.waiting) if x is not None}
 
     def out_dir(self, version: int) -> Path:
         return self.run_dir / "eval" / f"v{version:06d}"
@@ -89,24 +87,24 @@ class Evaluator:
         with open(log, "w") as f:   # the child holds its own descriptor
             proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=child_env(), process_group=0)   # its own group, in the job's session
-        self.running = (version, proc, time.monotonic() + r.eval_timeout + 60)   # + its own start-up and teardown
+        self.running = (version, ckpt, proc, time.monotonic() + r.eval_timeout + 60)   # + its own start-up and teardown
 
     def poll(self) -> list[dict]:
         """Results of the evaluations that ended since the last call (each once)."""
         if self.running is None:
             return []
-        version, proc, deadline = self.running
+        version, ckpt, proc, deadline = self.running
         if proc.poll() is None:
             if time.monotonic() < deadline:
                 return []
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         self.running = None
-        result = self._result(version, proc.returncode)
+        result = self._result(version, ckpt, proc.returncode)
         self._start_waiting()
         return [] if result is None else [result]
 
-    def _result(self, version: int, rc: int) -> dict | None:
+    def _result(self, version: int, ckpt: Path, rc: int) -> dict | None:
         out = self.out_dir(version) / "eval.json"
         if rc != 0 or not out.is_file():
             self.failures += 1
@@ -122,25 +120,19 @@ class Evaluator:
         videos = sorted((self.out_dir(version) / "videos").glob("*.mp4"))
         result = {"version": version, "success": r["success_rate"], "success_lo": r["wilson95"][0],
                   "success_hi": r["wilson95"][1], "episodes": r["episodes"], "videos": videos}
-        self._keep_best(result)
+        self._keep_best(result, ckpt)
         return result
 
-    def _keep_best(self, result: dict) -> None:
-        """ckpt/best.pt: the version with the highest held-out success so far (the earlier on a tie)."""
+    def _keep_best(self, result: dict, src: Path) -> None:
+        """ckpt/best.pt (or best.dcp): the version with the highest held-out success so far (the
+        earlier on a tie)."""
         if self.best is not None and result["success"] <= self.best["success"]:
             return
-        ckpt_dir = self.run_dir / "ckpt"
-        src = ckpt_dir / ckpt_name(result["version"])
-        tmp = ckpt_dir / ".best.pt.tmp"
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(src, tmp)      # the same bytes, no copy; the version's own file stays as it is
-        except OSError:            # a filesystem without hard links
-            shutil.copyfile(src, tmp)
-        os.replace(tmp, ckpt_dir / "best.pt")
+        best = src.with_name("best" + src.suffix)
+        link_copy(src, best)   # the same bytes, no copy; the version's own checkpoint stays as it is
         self.best = {k: result[k] for k in ("version", "success", "success_lo", "success_hi", "episodes")}
-        (ckpt_dir / "best.json").write_text(json.dumps({**self.best, "checkpoint": src.name}, indent=1))
-        result["best"] = ckpt_dir / "best.pt"
+        (src.parent / "best.json").write_text(json.dumps({**self.best, "checkpoint": src.name}, indent=1))
+        result["best"] = best
 
     def finish(self) -> list[dict]:
         """At the job's end: wait for the evaluations still to come (each bounded by its deadline)."""

@@ -16,6 +16,8 @@ Every forward through a sharded model is a collective (each unit all-gathers): t
 its training micro-batches in lockstep (a rank with fewer rows runs zero-weight ones), and
 the π_prox forwards, whose count differs from rank to rank, run on a model gathered once
 (`gathered`). gloo on CPU, NCCL on GPU.
+
+Checkpoints are sharded too: each rank writes the shards it holds (sharded_checkpoints.py).
 """
 from __future__ import annotations
 
@@ -110,73 +112,8 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if is_sharded(t) else t
 
 
-def gather_state(model, skip: frozenset = frozenset(), keep: bool = True) -> dict[str, torch.Tensor]:
-    """The state dict of `model` with whole tensors on the CPU, but for the keys in `skip`
-    (collective: one all-gather per tensor, in state-dict order on every rank; keep=False:
-    take part and keep nothing, as ranks that do not write do)."""
-    out = {}
-    for k, v in model.state_dict().items():
-        if k in skip:
-            continue
-        whole = full(v.detach())
-        if keep:
-            out[k] = whole.cpu()
-    return out
-
-
-def load_state(model, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
-    """Each rank copies its shard of the whole tensors in `state` (no communication); returns
-    (missing, unexpected) keys as `load_state_dict(strict=False)` does."""
-    own = model.state_dict()
-    with torch.no_grad():
-        for k, v in state.items():
-            if k in own:
-                mine = own[k]
-                (mine.to_local() if is_sharded(mine) else mine).copy_(shard_like(v, mine))
-    return [k for k in own if k not in state], [k for k in state if k not in own]
-
-
-def shard_like(whole: torch.Tensor, like):
-    """This rank's part of `whole` as `like` (a parameter's shard) holds it; `whole` itself when
-    `like` is not sharded."""
-    if not is_sharded(like):
-        return whole
-    from torch.distributed.tensor import distribute_tensor
-
-    # src_data_rank=None: every rank has `whole` and cuts its own part (no scatter).
-    return distribute_tensor(whole.to(like.device), like.device_mesh, like.placements, src_data_rank=None).to_local()
-
-
 def copy_model(dst, src) -> None:
     """dst's parameters and buffers <- src's, shard by shard (both sharded the same way)."""
     with torch.no_grad():
         for a, b in zip(dst.state_dict().values(), src.state_dict().values(), strict=True):
             a.copy_(b)
-
-
-def optimizer_state(model, opt, keep: bool) -> dict | None:
-    """Adam's state with whole tensors keyed by parameter name (collective; None where not kept)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    state = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return state if keep else None
-
-
-def load_optimizer_state(model, opt, state: dict) -> None:
-    """Adam's state as `optimizer_state` wrote it (whole tensors, by parameter name): each rank
-    takes its shards (no communication)."""
-    from torch.distributed.tensor import DTensor
-
-    names = {id(p): n for n, p in model.named_parameters()}
-    params = [p for g in opt.param_groups for p in g["params"]]
-    per_param = {}
-    for i, p in enumerate(params):
-        saved = state["state"].get(names[id(p)])
-        if saved is not None:
-            per_param[i] = {k: (DTensor.from_local(shard_like(v, p), p.device_mesh, p.placements,
-                                                   shape=p.shape, stride=p.stride())
-                                if torch.is_tensor(v) and v.dim() > 0 and is_sharded(p) else v)
-                            for k, v in saved.items()}
-    native = opt.state_dict()["param_groups"]
-    groups = [{**saved, "params": mine["params"]} for saved, mine in zip(state["param_groups"], native, strict=True)]
-    opt.load_state_dict({"state": per_param, "param_groups": groups})

@@ -11,6 +11,7 @@ policy), whose process group needs one process per Trainer. Env child processes 
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -81,14 +82,21 @@ class InProcessRun:
 
     def close(self) -> None:
         """What the end of a job's processes would do: shard writes finish (a run stopped by
-        `until` leaves them in flight), sends complete, metrics close."""
+        `until` leaves them in flight), checkpoint writes too, sends complete, metrics close, and the
+        Trainer's torch process group ends (a later run in this process makes its own)."""
         from .simulator import Simulator
+        from .trainer import Trainer
 
         for roles in self.roles:
             for r in roles:
                 if isinstance(r, Simulator) and not r.done:
                     r.finish_writes()
+                if isinstance(r, Trainer):
+                    r.saver.wait()
         for t in self.transports:
             t.flush(self.cfg.runtime.shutdown_timeout)
         for m in self.metrics:
             m.close()
+        dist = sys.modules.get("torch.distributed")   # never imported by an emulated run
+        if dist is not None and dist.is_initialized():
+            dist.destroy_process_group()

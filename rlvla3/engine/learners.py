@@ -47,7 +47,7 @@ class EmulatedLearner:
 
     def __init__(self, cfg, spec, metrics, n_trainers: int, index: int):
         self.cfg, self.metrics, self.n, self.index = cfg, metrics, n_trainers, index
-        self.dp_size, self.dp_index, self.collective = n_trainers, index, False
+        self.dp_size, self.dp_index, self.collective, self.sharded_ckpts = n_trainers, index, False, False
         self.bad: set[str] = set()
         self.params = np.zeros(cfg.policy.emulated_params, np.float32)
         self.step_start = self.params.copy()   # what the current version number names (see weights)

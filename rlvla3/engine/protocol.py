@@ -125,6 +125,7 @@ class TrainOrder:
     end_of_version: bool = False   # after this optimizer step, publish version + 1
     first_epoch: bool = False      # its rows are trained for the first time (they count as consumed)
     stop: bool = False
+    checkpoint: str = ""           # no step: write this rank's shards of this checkpoint (a preemption's)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from ..algo import ALGORITHMS, SegmentError, decoupled_ppo_loss, lr_at, vtrace
 from ..policies import make_policy
 from ..policies.base import flat_params, pick_device, zero_batch
 from ..policies.lora import trainable
-from . import fsdp, shards
+from . import checkpoints, fsdp, sharded_checkpoints, shards
 from .checkpoints import CheckpointError, load_torch
 from .learners import STAT_KEYS, TERM_KEYS
 from .protocol import GroupAddress, Slice, Tag
@@ -125,10 +125,7 @@ def load_model(policy, model: dict, frozen: dict | None, source: str, keep_own: 
                                   "weights are not those: build it on that base (the run's config.yaml names it)")
         allowed |= set(keys)
     todo = {k: v for k, v in model.items() if k not in keep_own}
-    if fsdp.is_sharded(next(policy.parameters())):
-        missing, unexpected = fsdp.load_state(policy, todo)
-    else:
-        missing, unexpected = policy.load_state_dict(todo, strict=False)
+    missing, unexpected = policy.load_state_dict(todo, strict=False)
     if unexpected or set(missing) - allowed:
         raise RuntimeError(f"missing keys {sorted(set(missing) - allowed)}, unexpected keys {sorted(unexpected)}")
 
@@ -138,10 +135,10 @@ def load_init(policy, path: str) -> None:
     another family or size is refused, naming what differs. Parameters an SFT checkpoint says SFT
     never trained keep this run's initialisation."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"policy.init_from={path}: no such checkpoint file (a run's ckpt/v*.pt or the "
-                                f"output of python -m rlvla3.sft)")
-    state = load_torch(p)
+    if not checkpoints.exists(p):
+        raise FileNotFoundError(f"policy.init_from={path}: no such checkpoint (a run's ckpt/v*.pt or ckpt/v*.dcp, "
+                                f"or the output of python -m rlvla3.sft)")
+    state = checkpoints.read(p)
     model = state.get("model", state)
     # An SFT checkpoint names what its loss never trained (tools/sft.py: the value head, the flow
     # noise std): this run's config sets those, as if no checkpoint held them.
@@ -169,6 +166,8 @@ class TorchLearner:
         self.fsdp = cfg.policy.data_parallel == "fsdp"
         # weights() and state() gather the model's shards: every Trainer rank calls them together.
         self.collective = self.megatron or (self.fsdp and n_trainers > 1)
+        # data_parallel=fsdp: every rank writes its shards of a checkpoint (sharded_checkpoints.py).
+        self.sharded_ckpts = self.fsdp
         self.policy = make_policy(cfg, spec).to(self.device)
         if cfg.policy.init_from:
             load_init(self.policy, cfg.policy.init_from)
@@ -187,6 +186,7 @@ class TorchLearner:
         self.total_opt_steps = cfg.algo.max_versions * world.opt_steps_per_version   # the lr schedule's length
         self.prox = self.ref = None
         self.lm_config, self.tp_rank = None, 0   # Megatron: set when connect() swaps the LM in
+        self.ckpt_group = None                   # FSDP: the sharded checkpoints' process group (connect)
         self._full_cache = None                  # Megatron: the gathered state until the next step
         if not (self.megatron or self.fsdp):   # after connect(), on the swapped-in LM or the shards
             self._setup_optimizer()
@@ -233,6 +233,10 @@ class TorchLearner:
         elif self.fsdp:
             fsdp.shard(self.policy, self.device, self.cfg.policy.compute_dtype)
             self._setup_optimizer()
+            # Each rank writes its shards of a checkpoint on a thread of its own (checkpoints.Saver):
+            # its collectives get a group of their own, never met by the training's on the default
+            # group; gloo, as the shards it writes are host copies.
+            self.ckpt_group = dist.new_group(backend="gloo")
 
     def _to_megatron(self) -> None:
         """Swap the policy's transformers LM for its Megatron copy (same weights, this rank's shard)."""
@@ -630,8 +634,8 @@ class TorchLearner:
 
     def state(self, mid_version: bool) -> dict:
         """Model (transformers layout, whatever the backend) and optimizer; with Megatron the
-        optimizer state of every TP rank, in rank order (collective); with FSDP whole tensors
-        gathered to Trainer 0, the optimizer's keyed by parameter name (collective)."""
+        optimizer state of every TP rank, in rank order (collective); with FSDP this rank's shards
+        (DTensors), the optimizer's keyed by parameter name (each rank writes its own part)."""
         if self.fsdp:
             return self._fsdp_state(mid_version)
         opt = self.opt.state_dict()
@@ -649,11 +653,11 @@ class TorchLearner:
         return {**out, **self._frozen_record()}
 
     def _fsdp_state(self, mid_version: bool) -> dict:
-        keep, skip = self.index == 0, frozenset(self.frozen_keys)
-        out = {"model": fsdp.gather_state(self.policy, skip, keep),
-               "optimizer": fsdp.optimizer_state(self.policy, self.opt, keep)}
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        out = {"model": self._trained(self.policy.state_dict()), "optimizer": get_optimizer_state_dict(self.policy, self.opt)}
         if mid_version and self.prox is not None:
-            out["prox"] = fsdp.gather_state(self.prox, skip, keep)
+            out["prox"] = self._trained(self.prox.state_dict())
         return {**out, **self._frozen_record()}
 
     def _frozen_record(self) -> dict:
@@ -668,14 +672,17 @@ class TorchLearner:
         return {k: v for k, v in state.items() if k not in frozen} if frozen else state
 
     def load_state(self, state: dict) -> None:
+        """The state `load` read (a sharded checkpoint's tensors are in place already: it loads
+        them as it reads them)."""
         self._full_cache = None
+        if "loaded_in_place" in state:
+            if self.prox is not None and "prox" not in state["loaded_in_place"]:
+                fsdp.copy_model(self.prox, self.policy)   # at a version boundary π_prox is the model
+            return
         frozen = state.get("frozen")
         self._load_full_state(self.policy, state["model"], frozen)
         opt = state["optimizer"]
-        if self.fsdp:
-            fsdp.load_optimizer_state(self.policy, self.opt, opt)
-        else:
-            self.opt.load_state_dict(opt["tp_ranks"][self.tp_rank] if "tp_ranks" in opt else opt)
+        self.opt.load_state_dict(opt["tp_ranks"][self.tp_rank] if "tp_ranks" in opt else opt)
         if self.prox is not None:
             # Mid-version: π_prox as saved; at a version boundary it equals the model.
             if "prox" in state:
@@ -684,7 +691,27 @@ class TorchLearner:
                 self._load_full_state(self.prox, state["model"], frozen)
 
     def save(self, state: dict, path: Path) -> None:
-        torch.save(state, path)
+        if self.fsdp:
+            sharded_checkpoints.save(state, path, self.ckpt_group, leader=self.index == 0)
+        else:
+            torch.save(state, path)
 
     def load(self, path: Path) -> dict:
-        return load_torch(path, map_location=self.device)
+        """A checkpoint to resume from: a file, read whole (`load_state` loads it), or, with FSDP, a
+        sharded folder loaded straight into this rank's shards (collective: each rank reads its
+        pieces; a folder written by another Trainer count is resharded as it is read)."""
+        if not self.fsdp:   # (the launcher refused a resume whose checkpoints are of the other kind)
+            return load_torch(path, map_location=self.device)
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        rest = load_torch(path / sharded_checkpoints.TRAINER_FILE)
+        frozen = rest.get("frozen")
+        if frozen is not None and frozen["fingerprint"] != self.base_fp:
+            raise CheckpointError(f"{path} holds only the weights that train; they were trained on {frozen['base']}, "
+                                  f"and this run's frozen weights are not those ({self.base})")
+        parts = {"model": self._trained(self.policy.state_dict()), "optimizer": get_optimizer_state_dict(self.policy, self.opt)}
+        if "prox" in sharded_checkpoints.saved_parts(path) and self.prox is not None:
+            parts["prox"] = self._trained(self.prox.state_dict())
+        sharded_checkpoints.load_into(path, parts, self.ckpt_group)
+        set_optimizer_state_dict(self.policy, self.opt, parts["optimizer"])
+        return {**rest, "loaded_in_place": tuple(parts)}

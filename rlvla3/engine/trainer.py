@@ -86,7 +86,7 @@ class Trainer:
         self.learner.connect(transport, world.train_ranks)
         rt = cfg.runtime
         self.saver = checkpoints.Saver(self.learner.save, self.ckpt_dir, rt.keep_ckpts, rt.ckpt_write_timeout,
-                                       self._ckpts_in_use)
+                                       self._ckpts_in_use, publishes=self.leader)
         if cfg.resume:
             self._resume()
         if self.leader:
@@ -202,8 +202,10 @@ class Trainer:
         evaluate = evaluator.due(self.cfg, self.version)
         # An evaluation run's weights never change: nothing to checkpoint.
         due = not rt.evaluate and (self.version % rt.ckpt_every == 0 or self.version >= self.cfg.algo.max_versions or evaluate)
-        if due and not self.leader and self.learner.collective:
-            self.learner.state(mid_version=False)   # this rank's part of the leader's checkpoint
+        if due and not self.leader and self.learner.sharded_ckpts:
+            self.saver.submit(self.learner.state(mid_version=False), self._ckpt_path())   # its shards of the leader's
+        elif due and not self.leader and self.learner.collective:
+            self.learner.state(mid_version=False)   # Megatron: this rank's part of the leader's gather
         if self.leader:
             self._log_version(k, arrived)
             if not rt.keep_shards:
@@ -285,7 +287,7 @@ class Trainer:
                 "ledger": self.ledger.to_state(), "history": json.dumps(self.history.records), **self.plan.state()}
 
     def _ckpt_path(self) -> Path:
-        return self.ckpt_dir / checkpoints.ckpt_name(self.version, self.plan.step_in_version)
+        return self.ckpt_dir / checkpoints.ckpt_name(self.version, self.plan.step_in_version, self.learner.sharded_ckpts)
 
     def _log_version(self, k: int, arrived: list[ShardReady]) -> None:
         rec = self.history.close(k, arrived, self.rows_trained)
@@ -358,8 +360,12 @@ class Trainer:
                 work = True
                 if got[1].stop:
                     self.stopping = True
+                    self.saver.wait()   # its part of the last checkpoint: the leader's waits for it
                     self.record_params()
                     self.done = True
+                elif got[1].checkpoint:   # a preemption's: its part of the leader's
+                    mid = checkpoints.ckpt_order(Path(got[1].checkpoint))[1] > 0
+                    self.saver.write_now(self.learner.state(mid_version=mid), self.ckpt_dir / got[1].checkpoint)
                 else:
                     self._execute(got[1])
         return work
@@ -370,9 +376,14 @@ class Trainer:
         if self.preempted:
             return False
         self.preempted = True
-        if self.learner.collective:
-            # A sharded model's checkpoint (Megatron, FSDP) needs every Trainer rank, which only the
-            # leader knows of the signal: the job resumes from the last version checkpoint (its
+        if self.learner.sharded_ckpts:
+            # Every Trainer rank writes its shards of this one: the leader tells them where.
+            path = self._ckpt_path()
+            for r in self.world.train_ranks[1:]:
+                self.transport.send(r, Tag.TRAIN_ORDER, TrainOrder(self.version, self.opt_step, checkpoint=path.name))
+        elif self.learner.collective:
+            # Megatron's checkpoint gathers every Trainer rank's state, and the Trainer ranks
+            # gather at version ends only: the job resumes from the last version checkpoint (its
             # ledger re-trains the rest).
             done = checkpoints.all_ckpts(self.ckpt_dir)
             name = done[-1].name if done else "none"

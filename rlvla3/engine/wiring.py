@@ -47,7 +47,7 @@ EDGES = (
     Edge("simulator", "trainer", Tag.SHARD_READY, ShardReady, "a shard was published (to every Trainer)"),
     Edge("trainer0", "generator", Tag.WEIGHTS, WeightsHeader, "a version's header, with credits"),
     Edge("trainer0", "generator", Tag.WEIGHTS_BUF, BUFFER, "the version's flat parameters, in buckets (weights.py)"),
-    Edge("trainer0", "trainer", Tag.TRAIN_ORDER, TrainOrder, "what the next optimizer step trains, or stop"),
+    Edge("trainer0", "trainer", Tag.TRAIN_ORDER, TrainOrder, "the next optimizer step, a checkpoint to write shards of, or stop"),
     Edge("trainer0", "trainer", Tag.GROUP_ADDRESS, GroupAddress, "the data-parallel process group's address"),
     Edge("trainer0", "simulator", Tag.STOP, Stop, "stop: the run is over"),
     Edge("trainer0", "generator", Tag.STOP, Stop, "stop: the run is over"),

@@ -30,23 +30,22 @@ from .episodes import count, eval_overrides, wilson
 
 def average_checkpoints(last: Path, n: int, out: Path) -> Path:
     """Write to `out` a checkpoint whose model weights are the mean of the `n` version-end
-    checkpoints of `last`'s folder up to and including `last` (a run's ckpt/v*.pt; a preemption's
-    mid-version checkpoint, v*-s*.pt, is not a version of its own)."""
+    checkpoints of `last`'s folder up to and including `last` (a run's ckpt/v*.pt or v*.dcp; a
+    preemption's mid-version checkpoint, v*-s*, is not a version of its own)."""
     import torch
 
-    from ..engine.checkpoints import ckpt_order, load_torch
+    from ..engine.checkpoints import all_ckpts, ckpt_order, read
 
     version, mid = ckpt_order(last)
     if version < 0 or mid:
-        raise SystemExit(f"--average-last needs a run's version-end checkpoint (ckpt/vNNNNNN.pt); {last} is not one")
-    run = sorted((p for p in last.parent.glob("v*.pt") if ckpt_order(p)[1] == 0 and 0 <= ckpt_order(p)[0] <= version),
-                 key=ckpt_order)
+        raise SystemExit(f"--average-last needs a run's version-end checkpoint (ckpt/vNNNNNN.pt or .dcp); {last} is not one")
+    run = [p for p in all_ckpts(last.parent) if ckpt_order(p)[1] == 0 and ckpt_order(p)[0] <= version]
     chosen = run[-n:]
     if len(chosen) < n:
         raise SystemExit(f"--average-last {n}: {last.parent} holds only {len(chosen)} checkpoints up to {last.name} "
                          f"(a run keeps its newest runtime.keep_ckpts; train with runtime.keep_ckpts={n} or more "
                          f"to average its last {n})")
-    states = [load_torch(p) for p in chosen]
+    states = [read(p) for p in chosen]
     models = [s["model"] for s in states]
     mean = {k: torch.stack([m[k].double() for m in models]).mean(0).to(models[0][k].dtype) for k in models[0]}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -108,17 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import run_local
-    from ..engine.checkpoints import CheckpointError, ckpt_order, load_torch
+    from ..engine.checkpoints import CheckpointError, ckpt_order, exists, read
 
     if a.episodes < 1:
         raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
     if a.repeats != 1 and a.protocol != "libero":
         raise SystemExit(f"--repeats={a.repeats}: repeats fixed initial states, which only --protocol libero has; "
                          "use --episodes for more episodes")
-    if not Path(a.checkpoint).is_file():
-        raise SystemExit(f"--checkpoint {a.checkpoint}: no such file")
+    if not exists(a.checkpoint):
+        raise SystemExit(f"--checkpoint {a.checkpoint}: no such checkpoint (a file, or a sharded run's vNNNNNN.dcp folder)")
     try:   # before any rank starts: memory-mapped, so a large checkpoint costs little here
-        load_torch(a.checkpoint, mmap=zipfile.is_zipfile(a.checkpoint))   # (only torch's zip format maps)
+        read(a.checkpoint, mmap=zipfile.is_zipfile(a.checkpoint))   # (only torch's zip format maps; not a folder)
     except CheckpointError as e:
         raise SystemExit(f"--checkpoint {e}") from None
     if a.average_last < 1:

@@ -87,12 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     a = ap.parse_intermixed_args(argv)
     from ..cluster.compose import compose
+    from ..engine.checkpoints import exists
     from .sft import load_rows
 
     if a.rows < 2:
         raise SystemExit(f"--rows {a.rows}: give at least 2 (inputs are swapped between rows)")
-    if not Path(a.checkpoint).is_file():   # before the demonstrations load (LIBERO's: hundreds of MB)
-        raise SystemExit(f"--checkpoint {a.checkpoint}: no such file (an rlvla3.sft output or a run's ckpt/v*.pt)")
+    if not exists(a.checkpoint):   # before the demonstrations load (LIBERO's: hundreds of MB)
+        raise SystemExit(f"--checkpoint {a.checkpoint}: no such checkpoint (an rlvla3.sft output or a run's ckpt/v*.pt "
+                         "or ckpt/v*.dcp)")
     cfg = compose(a.overrides)
     if cfg.policy.name == "emulated":
         raise SystemExit("policy=emulated has no weights to act with: give the checkpoint's policy (e.g. policy=pi05)")

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from statistics import mean
 
+from ..engine.checkpoints import all_ckpts
 from ..engine.metrics import read_history
 
 STAGE_TIMEOUT = 3 * 3600.0   # s; each stage also bounds its own waits (runtime.*, --timeout)
@@ -121,7 +122,7 @@ def rl_stage(out: Path, mode: str, seed: int, a, ov: list[str], cfg) -> dict:
         step(["rlvla3.launch", *ov, f"mode={mode}", f"seed={seed}", f"policy.init_from={(out / 'sft.pt').resolve()}",
               f"algo.max_versions={a.versions}", "runtime.tensorboard=false", f"hydra.run.dir={run}"],
              run.with_suffix(".log"))
-    ckpt = sorted((run / "ckpt").glob("v*.pt"))[-1]
+    ckpt = all_ckpts(run / "ckpt")[-1]
     history = read_history(run)
     return {"mode": mode, "seed": seed, "history": history, "wall_s": history[-1]["t"],
             "env_steps": sum(h["env_steps"] for h in history), "eval": evaluate(ckpt, evaluation, a, ov, cfg)}

@@ -18,6 +18,7 @@ import submitit
 from rlvla3.cluster import slurm
 from rlvla3.cluster.compose import compose, prepare_run_dir
 from rlvla3.cluster.launch import run_slurm
+from rlvla3.engine.checkpoints import all_ckpts
 from tests.conftest import check_every_shard_consumed_once, summary
 
 
@@ -92,15 +93,17 @@ def squeue_state(job_id: str) -> str:
 def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
     """With its envs in child processes, as every rendering env runs: Slurm's USR2
     reaches every process of the step, and it killed the env children (default action), the
-    Simulator then crashed on a dead pipe before the Trainer's checkpoint, and the job FAILED."""
+    Simulator then crashed on a dead pipe before the Trainer's checkpoint, and the job FAILED.
+    The model is sharded over the two Trainer ranks (FSDP): the preemption's checkpoint is a
+    folder each of them writes its shards of."""
     versions = 6   # 3 before the signal, 3 after the requeue
     cfg = compose([*TOY_SLURM, f"algo.max_versions={versions}", "algo.micro_batch=16", "mode=async",
-                   "env.in_process=false", "env.num_envs=4"])
+                   "env.in_process=false", "env.num_envs=4", "policy.data_parallel=fsdp"])
     run = tmp_path / "run"
     cfg, _ = prepare_run_dir(cfg, run)
     job = slurm.submit(cfg, run)
     # Let it train a few versions, then send what Slurm sends before a time limit.
-    wait_for(lambda: len(list((run / "ckpt").glob("v*.pt"))) >= 3, 180, "version 3 checkpoint")
+    wait_for(lambda: len(all_ckpts(run / "ckpt")) >= 3, 180, "version 3 checkpoint")
     subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=10)
     wait_for(lambda: squeue_state(job.job_id) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), 120, "requeue")
     # A requeued job waits ~2 minutes before it may start again; release it now.
@@ -109,7 +112,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
     slurm.wait(job, cfg.cluster.poll_s, timeout=300)
 
     logs = "".join(p.read_text(errors="replace") for p in (run / "slurm").glob("*_log.*"))
-    assert "preemption signal: checkpoint" in logs and "preempted: Trainer checkpoint" in logs
+    assert re.search(r"preemption signal: checkpoint v\d+(-s\d+)?\.dcp", logs) and "preempted: Trainer checkpoint" in logs
     assert "resumed from" in logs
     assert "restarting it" not in logs, "an env child died of the preemption signal"
     s = summary(run)

@@ -65,19 +65,30 @@ def one_step(out: Path, compute_dtype: str) -> None:
     mine = split[rank]   # this rank's rows; FSDP sums the gradients over ranks
     opt = step(sharded, [mine])
 
-    state = fsdp.gather_state(sharded)
-    diff = max(float((state[k] - v.detach()).abs().max()) for k, v in whole.state_dict().items())
     grads_fp32 = all(p.grad.dtype == torch.float32 for p in sharded.parameters() if p.grad is not None)
 
-    # Round trips: the gathered model and optimizer into a fresh sharded replica.
+    # Round trips through a sharded checkpoint (each rank writes its shards): read whole, as an
+    # evaluation reads it, against the whole model; loaded into a fresh sharded replica.
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    from rlvla3.engine import sharded_checkpoints
+
+    group = dist.new_group(backend="gloo")
+    folder = out / f"{compute_dtype}.dcp"
+    sharded_checkpoints.save({"model": sharded.state_dict(), "optimizer": get_optimizer_state_dict(sharded, opt),
+                              "version": 1}, folder, group, leader=rank == 0)
+    dist.barrier()
+    state = sharded_checkpoints.read_whole(folder)   # as checkpoints.read reads a folder (without its trainer.pt)
+    diff = max(float((state["model"][k] - v.detach()).abs().max()) for k, v in whole.state_dict().items())
+    missing = sorted(set(whole.state_dict()) - set(state["model"]))
+    unexpected = sorted(set(state["model"]) - set(whole.state_dict()))
     twin = make_policy(cfg, sp)
     apply_lora(twin, 4, 16.0, "bfloat16")
     fsdp.shard(twin, device, compute_dtype)
-    missing, unexpected = fsdp.load_state(twin, state)
     twin_opt = torch.optim.Adam([p for p in twin.parameters() if p.requires_grad], lr=1e-3, eps=1e-5)
-    saved = [fsdp.optimizer_state(sharded, opt, keep=True)]   # every rank joins; rank 0's is whole
-    dist.broadcast_object_list(saved, src=0)                   # as every rank reads the checkpoint file
-    fsdp.load_optimizer_state(twin, twin_opt, saved[0])
+    parts = {"model": twin.state_dict(), "optimizer": get_optimizer_state_dict(twin, twin_opt)}
+    sharded_checkpoints.load_into(folder, parts, group)
+    set_optimizer_state_dict(twin, twin_opt, parts["optimizer"])
     round_trip = max(float((a.to_local() - b.to_local()).abs().max()) if a.to_local().numel() else 0.0
                      for a, b in zip(twin.state_dict().values(), sharded.state_dict().values()) if fsdp.is_sharded(a))
     moments = [(twin_opt.state[a]["exp_avg"].to_local(), opt.state[b]["exp_avg"].to_local())

@@ -91,6 +91,37 @@ def test_prune_keeps_the_newest_the_best_and_what_an_evaluation_reads(tmp_path):
     assert checkpoints.prune(tmp_path, keep=0) == []      # 0: keep every one
 
 
+def test_sharded_checkpoint_folders_order_prune_and_link_as_files_do(tmp_path):
+    """A sharded run's checkpoints are folders (v000012.dcp/): ordered with the files, pruned
+    whole, kept as best.dcp by hard links that outlive the version's folder."""
+    for v in range(1, 4):
+        (tmp_path / checkpoints.ckpt_name(v, sharded=True)).mkdir()
+        (tmp_path / checkpoints.ckpt_name(v, sharded=True) / "__0_0.distcp").write_bytes(b"%d" % v)
+    (tmp_path / "v000003-s0002.tmp").mkdir()              # a write in flight is no checkpoint
+    assert [p.name for p in checkpoints.all_ckpts(tmp_path)] == ["v000001.dcp", "v000002.dcp", "v000003.dcp"]
+    assert checkpoints.ckpt_order(tmp_path / "v000003-s0002.dcp") == (3, 2)
+    checkpoints.link_copy(tmp_path / "v000001.dcp", tmp_path / "best.dcp")
+    checkpoints.link_copy(tmp_path / "v000002.dcp", tmp_path / "best.dcp")   # a better one replaces it
+    gone = checkpoints.prune(tmp_path, keep=1)
+    assert sorted(p.name for p in gone) == ["v000001.dcp", "v000002.dcp"]
+    assert names(tmp_path) == ["best.dcp", "v000003-s0002.tmp", "v000003.dcp"]
+    assert (tmp_path / "best.dcp" / "__0_0.distcp").read_bytes() == b"2"
+
+
+def test_a_sharded_checkpoint_resumes_only_where_the_model_is_sharded(tmp_path):
+    """A folder of FSDP shards into a replicated Trainer (or a file into FSDP ranks) is refused
+    before any rank starts, naming the setting to use."""
+    from rlvla3.cluster.compose import prepare_run_dir
+    from rlvla3.config import ConfigError
+    from tests.conftest import TOY
+
+    (tmp_path / "ckpt" / "v000002.dcp").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"v000002.dcp was written with policy.data_parallel=fsdp, and this run has "
+                       r"policy.data_parallel=replicate: resume with policy.data_parallel=fsdp"):
+        prepare_run_dir(compose([*TOY, "resume=true"]), tmp_path)
+    prepare_run_dir(compose([*TOY, "resume=true", "policy.data_parallel=fsdp"]), tmp_path)
+
+
 def test_a_run_keeps_its_newest_checkpoints_and_resumes_from_them(tmp_path):
     most = [0]
 

@@ -24,15 +24,17 @@ def test_versions_are_evaluated_on_held_out_episodes_while_training_goes_on(tmp_
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     monkeypatch.setenv("WANDB_SILENT", "true")
-    over = [*TOY, "algo.max_versions=3", "runtime.eval_every=2", "runtime.eval_episodes=8", "runtime.eval_envs=4",
-            "runtime.tensorboard=true", "runtime.wandb=true", "runtime.wandb_mode=offline", "runtime.wandb_project=rlvla3-test"]
+    # FSDP's checkpoints are folders of shards (every other evaluation test reads files).
+    over = [*TOY, "policy.data_parallel=fsdp", "algo.max_versions=3", "runtime.eval_every=2", "runtime.eval_episodes=8",
+            "runtime.eval_envs=4", "runtime.tensorboard=true", "runtime.wandb=true", "runtime.wandb_mode=offline",
+            "runtime.wandb_project=rlvla3-test"]
     proc, run = run_engine(tmp_path, over)
     assert_ok(proc)
     evals = summary(run)["evaluations"]
     assert sorted(e["version"] for e in evals) == [2, 3], "every eval_every-th version, and the last"
     for e in evals:
         r = json.loads((run / "eval" / f"v{e['version']:06d}" / "eval.json").read_text())
-        assert r["checkpoint"].endswith(f"ckpt/v{e['version']:06d}.pt") and r["episodes"] == e["episodes"] == 8
+        assert r["checkpoint"].endswith(f"ckpt/v{e['version']:06d}.dcp") and r["episodes"] == e["episodes"] == 8
         assert (e["success"], e["success_lo"], e["success_hi"]) == (r["success_rate"], *r["wilson95"])
         assert e["success_lo"] <= e["success"] <= e["success_hi"]
         assert f"[eval] version {e['version']}: held-out success" in proc.stdout
@@ -49,8 +51,8 @@ def test_versions_are_evaluated_on_held_out_episodes_while_training_goes_on(tmp_
     # The best checkpoint: the version with the highest held-out success (the earlier on a tie).
     best = max(evals, key=lambda e: (e["success"], -e["version"]))
     kept = json.loads((run / "ckpt" / "best.json").read_text())
-    assert kept["version"] == best["version"] and kept["checkpoint"] == f"v{best['version']:06d}.pt"
-    assert os.path.samefile(run / "ckpt" / "best.pt", run / "ckpt" / kept["checkpoint"])
+    assert kept["version"] == best["version"] and kept["checkpoint"] == f"v{best['version']:06d}.dcp"
+    assert os.path.samefile(run / "ckpt" / "best.dcp" / "__0_0.distcp", run / "ckpt" / kept["checkpoint"] / "__0_0.distcp")
 
     tb = EventAccumulator(str(run / "tb"), size_guidance={"images": 0}).Reload()
     assert sorted(e.step for e in tb.Scalars("eval/success")) == [2, 3]
@@ -75,4 +77,4 @@ def test_evaluations_that_keep_failing_fail_the_job_naming_their_log(tmp_path):
             with pytest.raises(EvaluationError, match=r"2 evaluations in a row failed.*runtime.eval_every=0") as e:
                 ev.finish()
             assert str(tmp_path / "logs" / "eval-v000002.log") in str(e.value)
-    assert "no such file" in (tmp_path / "logs" / "eval-v000002.log").read_text()
+    assert "no such checkpoint" in (tmp_path / "logs" / "eval-v000002.log").read_text()

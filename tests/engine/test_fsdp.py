@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.conftest import SYNC_PARITY, assert_ok, final_checkpoint, needs_mpi, run_engine
 
@@ -32,9 +31,10 @@ def worker_results(tmp_path_factory) -> dict[str, list[dict]]:
 @pytest.mark.slow
 def test_a_sharded_step_over_two_ranks_is_the_whole_models_step_and_its_state_round_trips(worker_results):
     """Each rank trains on half the rows: FSDP's summed gradients give the one-process step
-    (float32; the LoRA base computes in its own bf16 as on the Generators, not upcast); the
-    gathered model and Adam state load back into a fresh replica exactly, uneven shards included
-    (π0.5's [1, 49, 64] position table splits 1 / 0 over two ranks)."""
+    (float32; the LoRA base computes in its own bf16 as on the Generators, not upcast). A sharded
+    checkpoint (each rank writes its shards) read whole is that step's model, and it loads back
+    into a fresh sharded replica exactly, Adam's moments included, uneven shards too (π0.5's
+    [1, 49, 64] position table splits 1 / 0 over two ranks)."""
     for r in worker_results["float32"]:
         assert r["max_param_diff"] <= 1e-5, r
         assert r["missing"] == [] and r["unexpected"] == [], r
@@ -56,15 +56,19 @@ def logp_diffs(run: Path) -> list[dict]:
 
 @needs_mpi
 @pytest.mark.slow
-def test_fsdp_over_two_trainers_trains_as_one_replicated_trainer_and_resumes(tmp_path, one_trainer_run):
+def test_fsdp_over_two_trainers_trains_as_one_replicated_trainer_and_resumes_on_one(tmp_path, one_trainer_run):
     """Sync mode sees the same rows whatever the Trainer count. Every version's weights, gathered
-    from the shards and published, reproduce the Trainer's log-probs exactly; a resume loads the
-    gathered checkpoint back into the shards (its next version's log-probs still match)."""
+    from the shards and published, reproduce the Trainer's log-probs exactly. Each rank writes its
+    shards of a checkpoint folder; a resume on one Trainer reads the two ranks' shards back
+    (resharded as they are read): its next version's log-probs still match."""
     fsdp = [*SYNC_PARITY, "policy.data_parallel=fsdp", "cluster.train_ranks=2"]
     r1 = one_trainer_run
     p2, r2 = run_engine(tmp_path, fsdp, name="fsdp")
     assert_ok(p2)
     a, b = final_checkpoint(r1), final_checkpoint(r2)
+    assert sorted(p.name for p in (r2 / "ckpt").iterdir()) == ["v000001.dcp", "v000002.dcp"]
+    assert sorted(p.name for p in (r2 / "ckpt" / "v000002.dcp").iterdir()) == [".metadata", "__0_0.distcp",
+                                                                              "__1_0.distcp", "trainer.pt"]
     assert a["model"].keys() == b["model"].keys()
     assert max(float((a["model"][k] - b["model"][k]).abs().max()) for k in a["model"]) <= 1e-5
     moved = max(float((a["model"][k] - v).abs().max()) for k, v in final_checkpoint_at(r1, 1)["model"].items())
@@ -72,13 +76,15 @@ def test_fsdp_over_two_trainers_trains_as_one_replicated_trainer_and_resumes(tmp
     checks = logp_diffs(r2)
     assert {c["version"] for c in checks} == {0, 1} and max(c["v"] for c in checks) == 0.0
 
-    p3, _ = run_engine(tmp_path, [*fsdp, "algo.max_versions=3", "resume=true"], name="fsdp")
+    p3, _ = run_engine(tmp_path, [*fsdp, "cluster.train_ranks=1", "algo.max_versions=3", "resume=true"], name="fsdp")
     assert_ok(p3)
-    assert "resumed from v000002.pt" in p3.stdout
+    assert "resumed from v000002.dcp" in p3.stdout
     after = [c for c in logp_diffs(r2) if c["version"] == 2]
     assert after and max(c["v"] for c in after) == 0.0
     assert final_checkpoint(r2)["opt_step"] == 3 * b["opt_step"] // 2
 
 
 def final_checkpoint_at(run: Path, version: int) -> dict:
-    return torch.load(run / "ckpt" / f"v{version:06d}.pt", weights_only=True)
+    from rlvla3.engine.checkpoints import read
+
+    return read(run / "ckpt" / f"v{version:06d}.pt")

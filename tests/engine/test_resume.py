@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from rlvla3 import config
 from rlvla3.cluster.compose import compose
 from rlvla3.engine import checkpoints, shards
@@ -163,11 +165,13 @@ def test_sync_resume_with_groups_a_segment_apart_finishes(tmp_path):
     assert versions_done(tmp_path) == 3
 
 
-def test_a_mid_version_resume_republishes_the_weights_its_version_named(tmp_path):
+@pytest.mark.parametrize("sharding", [[], ["policy.data_parallel=fsdp"]], ids=["replicate", "fsdp"])
+def test_a_mid_version_resume_republishes_the_weights_its_version_named(tmp_path, sharding):
     """A mid-version checkpoint holds a model that moved on from the version's start; the resume
     published that model under the same version number, so the rows it then produced passed as
     made by the version's weights (one number, two policies). bench faults checks the same with
-    the fingerprints every publish records."""
+    the fingerprints every publish records. With FSDP the checkpoint is a folder of shards
+    holding π_prox beside the model, loaded in place."""
     import numpy as np
 
     from rlvla3.engine.generator import Generator
@@ -190,10 +194,11 @@ def test_a_mid_version_resume_republishes_the_weights_its_version_named(tmp_path
 
     requeued = []
     pre = Preemption(requeue=lambda: requeued.append(1))
-    cfg = compose([*TOY, "mode=async", "mode.eta=1", "algo.max_versions=3"])
+    cfg = compose([*TOY, "mode=async", "mode.eta=1", "algo.max_versions=3", *sharding])
     InProcessRun(cfg, tmp_path, preemption=pre).run(timeout=240, check=preempt_mid_version_1, until=lambda r: bool(requeued))
     mid = checkpoints.all_ckpts(tmp_path / "ckpt")[-1]
     assert checkpoints.ckpt_order(mid)[0] == 1 and checkpoints.ckpt_order(mid)[1] > 0, mid.name
+    assert checkpoints.is_sharded(mid) == bool(sharding) and "prox" in checkpoints.read(mid)
     before, published = dict(published), {}
     InProcessRun(config.replace(cfg, resume=True), tmp_path).run(timeout=240, check=record, until=lambda r: 1 in published)
     assert np.array_equal(published[1], before[1]), "version 1 was republished with other weights"

@@ -94,7 +94,7 @@ def test_sft_from_demonstrations_beats_chance_in_evaluation(tmp_path):
     assert mean["images of others"] > 5 * mean["own rows"], out.stdout   # measured: 0.82-0.86 vs 0.03-0.05
     missing = subprocess.run([sys.executable, "-m", "rlvla3.openloop", "--checkpoint", str(tmp_path / "none.pt"),
                               "--demos", str(tmp_path / "demos"), "+experiment=toy"], capture_output=True, text=True, timeout=120)
-    assert missing.returncode != 0 and f"--checkpoint {tmp_path / 'none.pt'}: no such file" in missing.stderr
+    assert missing.returncode != 0 and f"--checkpoint {tmp_path / 'none.pt'}: no such checkpoint" in missing.stderr
 
 
 def check_greedy_actions(run_dir, ckpt) -> None:
@@ -138,7 +138,7 @@ def test_init_from_refuses_a_checkpoint_of_another_policy(tmp_path):
     other = compose(["+experiment=toy", "policy.d_model=32"])
     with pytest.raises(RuntimeError, match=r"policy.init_from=.*ok.pt does not fit this policy"):
         load_init(make_policy(other, spec(other)), str(tmp_path / "ok.pt"))
-    with pytest.raises(FileNotFoundError, match="no such checkpoint file"):
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
         load_init(make_policy(cfg, spec(cfg)), str(tmp_path / "missing.pt"))
 
 
