@@ -3,7 +3,10 @@
 Two questions about checkpoints, each answered by the engine's own code:
 
 1. How long the Trainer's loop waits per checkpoint: a model of `--params` float32 parameters
-   with AdamW's state after one step (what the torch learner saves: model and optimizer), written
+   with AdamW's state after one step (what the torch learner saves: model and optimizer), in
+   both formats (`file`: one torch.save file; `dcp`: the parameters sharded by FSDP, here over
+   one rank, written as a sharded folder through torch.distributed.checkpoint, as
+   policy.data_parallel=fsdp writes them), written
    synchronously (`checkpoints.publish`, what the Trainer did before) and through `Saver` (the
    state copied on the loop into the staging memory of the Saver's previous checkpoint, written
    on a thread while the loop goes on taking optimizer steps on the live model; one Saver, its
@@ -24,24 +27,49 @@ from pathlib import Path
 
 from ..cluster.compose import compose
 from ..cluster.local import run_local
-from ..engine import checkpoints
+from ..engine import checkpoints, fsdp
 from .common import save_rows
 from .throughput import WORKLOADS
 
 KEEP = 3
 
 
-def trained_state(n_params: int):
-    """(parameters, optimizer, state): `n_params` float32 parameters in chunks of at most 2^24,
-    AdamW after one step (its two moments per parameter), and the dict the torch learner saves."""
+FORMATS = ("file", "dcp")
+
+
+def trained_state(n_params: int, fmt: str):
+    """(parameters, optimizer, state, save): `n_params` float32 parameters in chunks of at most
+    2^24, AdamW after one step (its two moments per parameter), the dict the torch learner saves
+    in format `fmt`, and the function that writes it."""
     import torch
 
+    from ..engine import fsdp, sharded_checkpoints
+
     sizes = [min(1 << 24, n_params - i) for i in range(0, n_params, 1 << 24)]
-    params = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
+    model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(n)) for n in sizes])
+    if fmt == "dcp":
+        import torch.distributed as dist
+        from torch.distributed.fsdp import fully_shard
+
+        fsdp.one_rank_group(torch.device("cpu"))
+        fully_shard(model)
+        group = dist.new_group(backend="gloo")
+    params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-4)
     train_step(params, opt)
-    return params, opt, {"model": {f"p{i}": p for i, p in enumerate(params)}, "optimizer": opt.state_dict(),
-                         "version": 1, "opt_step": 1}
+    if fmt == "file":
+        return params, opt, {"model": {f"p{i}": p for i, p in enumerate(params)}, "optimizer": opt.state_dict(),
+                             "version": 1, "opt_step": 1}, torch.save
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = {"model": model.state_dict(), "optimizer": get_optimizer_state_dict(model, opt), "version": 1, "opt_step": 1}
+    return params, opt, state, lambda st, path: sharded_checkpoints.save(st, path, group, leader=True)
+
+
+def first_saved(path: Path):
+    """The first parameter as the checkpoint at `path` holds it (either format)."""
+    model = checkpoints.read(path)["model"]
+    return model["p0"] if "p0" in model else model["0"]
 
 
 def train_step(params, opt) -> None:
@@ -53,11 +81,9 @@ def train_step(params, opt) -> None:
     opt.step()
 
 
-def time_sync(state: dict, path: Path) -> float:
-    import torch
-
+def time_sync(save, state: dict, path: Path) -> float:
     t0 = time.perf_counter()
-    checkpoints.publish(torch.save, state, path)
+    checkpoints.publish(save, state, path)
     return time.perf_counter() - t0
 
 
@@ -66,7 +92,7 @@ def time_saver(saver, params, opt, state: dict, path: Path) -> tuple[float, floa
     the submitted weights, not the ones trained since."""
     import torch
 
-    submitted = params[0].detach().clone()
+    submitted = fsdp.full(params[0].detach()).clone()
     t0 = time.perf_counter()
     saver.submit(state, path)
     stall = time.perf_counter() - t0
@@ -75,8 +101,7 @@ def time_saver(saver, params, opt, state: dict, path: Path) -> tuple[float, floa
         train_step(params, opt)
         steps += 1
     write = time.perf_counter() - t0
-    saved = checkpoints.load_torch(path)["model"]["p0"]
-    if not torch.equal(saved, submitted):
+    if not torch.equal(first_saved(path), submitted):
         raise SystemExit(f"{path}: the Saver wrote weights trained after the submit ({steps} steps later)")
     return stall, write, steps
 
@@ -84,28 +109,28 @@ def time_saver(saver, params, opt, state: dict, path: Path) -> tuple[float, floa
 def stall_rows(counts: list[int], repeats: int, folder: Path) -> list[dict]:
     rows = []
     for n in counts:
-        import torch
-
-        params, opt, state = trained_state(n)
-        # One Saver for the run, as a Trainer has: its first snapshot allocates the staging
-        # memory (not timed: a warm-up), later ones copy into it.
-        saver = checkpoints.Saver(torch.save, folder, keep=0, timeout=3600)
-        time_saver(saver, params, opt, state, folder / "warmup.pt")
-        sync, stall, write, steps = [], [], [], []
-        for r in range(repeats):
-            sync.append(time_sync(state, folder / f"sync{r}.pt"))
-            s, w, k = time_saver(saver, params, opt, state, folder / f"saver{r}.pt")
-            stall.append(s)
-            write.append(w)
-            steps.append(k)
-            for p in folder.glob("*.pt"):
-                p.unlink()
-        med = lambda xs: sorted(xs)[len(xs) // 2]   # noqa: E731
-        gb = sum(p.numel() for p in params) * 4 * 3 / 1e9   # weights and AdamW's two moments
-        rows.append({"params": n, "state_gb": gb, "sync_save_s": med(sync), "saver_wait_s": med(stall),
-                     "wait_over_sync": med(stall) / med(sync), "saver_write_s": med(write),
-                     "steps_during_write": med(steps)})
-        del params, opt, state
+        for fmt in FORMATS:
+            params, opt, state, save = trained_state(n, fmt)
+            suffix = ".dcp" if fmt == "dcp" else ".pt"
+            # One Saver for the run, as a Trainer has: its first snapshot allocates the staging
+            # memory (not timed: a warm-up), later ones copy into it.
+            saver = checkpoints.Saver(save, folder, keep=0, timeout=3600)
+            time_saver(saver, params, opt, state, folder / f"warmup{suffix}")
+            sync, stall, write, steps = [], [], [], []
+            for r in range(repeats):
+                sync.append(time_sync(save, state, folder / f"sync{r}{suffix}"))
+                s, w, k = time_saver(saver, params, opt, state, folder / f"saver{r}{suffix}")
+                stall.append(s)
+                write.append(w)
+                steps.append(k)
+                for p in folder.glob(f"*{suffix}"):
+                    checkpoints.remove(p)
+            med = lambda xs: sorted(xs)[len(xs) // 2]   # noqa: E731
+            gb = sum(p.numel() for p in params) * 4 * 3 / 1e9   # weights and AdamW's two moments
+            rows.append({"params": n, "format": fmt, "state_gb": gb, "sync_save_s": med(sync), "saver_wait_s": med(stall),
+                         "wait_over_sync": med(stall) / med(sync), "saver_write_s": med(write),
+                         "steps_during_write": med(steps)})
+            del params, opt, state, saver
     return rows
 
 
@@ -141,10 +166,10 @@ def run(a) -> int:
     folder = out / "stall"
     folder.mkdir(parents=True, exist_ok=True)
     rows = stall_rows(counts, a.repeats, folder)
-    print(f"{'params':>12} {'state GB':>9} {'sync save s':>12} {'Saver wait s':>13} {'wait/sync':>10} "
+    print(f"{'params':>12} {'format':>6} {'state GB':>9} {'sync save s':>12} {'Saver wait s':>13} {'wait/sync':>10} "
           f"{'Saver write s':>14} {'steps meanwhile':>16}")
     for r in rows:
-        print(f"{r['params']:>12.3g} {r['state_gb']:>9.2f} {r['sync_save_s']:>12.3f} {r['saver_wait_s']:>13.3f} "
+        print(f"{r['params']:>12.3g} {r['format']:>6} {r['state_gb']:>9.2f} {r['sync_save_s']:>12.3f} {r['saver_wait_s']:>13.3f} "
               f"{r['wait_over_sync']:>10.3f} {r['saver_write_s']:>14.3f} {r['steps_during_write']:>16}")
     disk = disk_row((a.versions or 50), out, a.timeout)
     print(f"\n{disk['versions']} versions, runtime.keep_ckpts={disk['keep_ckpts']}: ckpt/ held at most "
