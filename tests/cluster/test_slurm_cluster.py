@@ -85,6 +85,17 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.5):
     raise TimeoutError(f"{what} not within {timeout:.0f}s")
 
 
+def start_now(job_id: str) -> bool:
+    """A requeued job waits ~2 minutes before it may start again: release it and start it now.
+    True once it runs. (Said once while the requeue is still being processed, the requeue's own
+    begin time can come after it and win: the test waited the 2 minutes. So it is said again.)"""
+    if squeue_state(job_id) in ("RUNNING", "COMPLETING", ""):
+        return True
+    subprocess.run(["scontrol", "release", job_id], capture_output=True, timeout=10)
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True, timeout=10)
+    return False
+
+
 def squeue_state(job_id: str) -> str:
     out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=10)
     return out.stdout.split()[0] if out.stdout.split() else ""
@@ -106,9 +117,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tmp_path):
     wait_for(lambda: len(all_ckpts(run / "ckpt")) >= 3, 180, "version 3 checkpoint")
     subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=10)
     wait_for(lambda: squeue_state(job.job_id) in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), 120, "requeue")
-    # A requeued job waits ~2 minutes before it may start again; release it now.
-    subprocess.run(["scontrol", "release", job.job_id], timeout=10)
-    subprocess.run(["scontrol", "update", f"jobid={job.job_id}", "StartTime=now"], check=True, timeout=10)
+    wait_for(lambda: start_now(job.job_id), 120, "the requeued job's start", poll=2)
     slurm.wait(job, cfg.cluster.poll_s, timeout=300)
 
     logs = "".join(p.read_text(errors="replace") for p in (run / "slurm").glob("*_log.*"))

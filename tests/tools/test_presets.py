@@ -11,6 +11,7 @@ import pytest
 
 from rlvla3.cluster.compose import CONF_DIR, compose
 from rlvla3.cluster.local import run_local
+from rlvla3.policies import execute_steps
 from tests.conftest import EMULATED_FAST, needs_mpi, summary
 
 pytestmark = [needs_mpi, pytest.mark.slow]
@@ -30,8 +31,8 @@ def tiny_overrides(name: str, tmp_path) -> list[str]:
         over += ["env.image_size=32"]
     if cfg.env.name == "libero":
         over += ["env.hard_reset=false"]   # the same episode, 11x cheaper a reset (tests/envs/test_libero.py)
-    if cfg.algo.name in ("grpo", "raft"):   # whole episodes a segment: two chunks long
-        over += [f"env.horizon={2 * cfg.policy.chunk}"]
+    if cfg.algo.name in ("grpo", "raft"):   # whole episodes a segment: two chunks long (as executed)
+        over += [f"env.horizon={2 * execute_steps(cfg.policy)}"]
     if cfg.policy.name == "openvla_oft":    # no random-init form: a tiny folder in the released layout
         from rlvla3.benchmarks.families import tiny_released_folder
 
