@@ -5,11 +5,14 @@ what tests, benchmarks and tools call to run a whole job and wait for it.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,7 +38,19 @@ def mpi_env() -> dict[str, str]:
     env.setdefault("OMPI_MCA_hwloc_base_binding_policy", "none")
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")           # fast large tensor <-> numpy copies
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Each job's session directory under a base of its own: jobs started at once on one machine
+    # (two local runs, a test worker beside another) shared Open MPI's /tmp/ompi.<host>.<uid>, and
+    # one job's cleanup could take another's files with it: a rank that had finished then "exited
+    # improperly" (PID 0) and failed its job. A short path: sockets live there.
+    env.setdefault("OMPI_MCA_orte_tmpdir_base", session_base())
     return env
+
+
+def session_base() -> str:
+    """A fresh folder for one job's MPI session files, removed when this process exits."""
+    path = tempfile.mkdtemp(prefix="rlvla3-mpi-")
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def cpu_warning(cfg, world) -> str | None:
