@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..cluster.compose import compose
 from ..cluster.local import run_local
-from ..engine import checkpoints, fsdp
+from ..engine import checkpoints, fsdp, sharded_checkpoints
 from .common import save_rows
 from .throughput import WORKLOADS
 
@@ -42,8 +42,6 @@ def trained_state(n_params: int, fmt: str):
     2^24, AdamW after one step (its two moments per parameter), the dict the torch learner saves
     in format `fmt`, and the function that writes it."""
     import torch
-
-    from ..engine import fsdp, sharded_checkpoints
 
     sizes = [min(1 << 24, n_params - i) for i in range(0, n_params, 1 << 24)]
     model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(n)) for n in sizes])
@@ -111,7 +109,7 @@ def stall_rows(counts: list[int], repeats: int, folder: Path) -> list[dict]:
     for n in counts:
         for fmt in FORMATS:
             params, opt, state, save = trained_state(n, fmt)
-            suffix = ".dcp" if fmt == "dcp" else ".pt"
+            suffix = sharded_checkpoints.SUFFIX if fmt == "dcp" else ".pt"
             # One Saver for the run, as a Trainer has: its first snapshot allocates the staging
             # memory (not timed: a warm-up), later ones copy into it.
             saver = checkpoints.Saver(save, folder, keep=0, timeout=3600)

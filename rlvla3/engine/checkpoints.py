@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from . import faults
+from . import faults, sharded_checkpoints
 
 
 def ckpt_order(path: Path) -> tuple[int, int]:
@@ -36,7 +36,7 @@ def ckpt_order(path: Path) -> tuple[int, int]:
 def ckpt_name(version: int, step_in_version: int = 0, sharded: bool = False) -> str:
     """The name of the checkpoint after `step_in_version` optimizer steps of `version` (a file;
     `sharded`: a folder of per-rank shards)."""
-    return f"v{version:06d}" + (f"-s{step_in_version:04d}" if step_in_version else "") + (".dcp" if sharded else ".pt")
+    return f"v{version:06d}" + (f"-s{step_in_version:04d}" if step_in_version else "") + (sharded_checkpoints.SUFFIX if sharded else ".pt")
 
 
 def all_ckpts(ckpt_dir: Path) -> list[Path]:
@@ -45,7 +45,7 @@ def all_ckpts(ckpt_dir: Path) -> list[Path]:
 
 
 def is_sharded(path: Path) -> bool:
-    return Path(path).suffix == ".dcp"
+    return Path(path).suffix == sharded_checkpoints.SUFFIX
 
 
 def remove(path: Path) -> None:
@@ -61,8 +61,6 @@ def read(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
     policy.init_from): a file as `load_torch` reads it; a sharded folder's model (and π_prox),
     without its optimizer state."""
     if is_sharded(Path(path)):
-        from . import sharded_checkpoints
-
         try:
             return {**load_torch(Path(path) / sharded_checkpoints.TRAINER_FILE),
                     **sharded_checkpoints.read_whole(Path(path))}

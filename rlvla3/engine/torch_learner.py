@@ -107,6 +107,15 @@ def base_of(cfg) -> str:
     return f"a random initialisation (policy.name={p.name}, seed={cfg.seed})"
 
 
+def check_base(frozen: dict, mine: int | None, source: str) -> None:
+    """A checkpoint that holds only what trains (its `frozen` record) was trained on one base:
+    refused over another (`mine`: this policy's base fingerprint, None if it lacks those keys)."""
+    if mine != frozen["fingerprint"]:
+        raise CheckpointError(f"{source} holds only the weights that train; they were trained on "
+                              f"{frozen['base']} ({len(frozen['keys'])} frozen tensors), and this policy's frozen "
+                              "weights are not those: build it on that base (the run's config.yaml names it)")
+
+
 def load_model(policy, model: dict, frozen: dict | None, source: str, keep_own: frozenset = frozenset(),
                base_fp: int | None = None) -> None:
     """Load a checkpoint's weights: every one of them (frozen None), or, from a checkpoint that
@@ -119,10 +128,7 @@ def load_model(policy, model: dict, frozen: dict | None, source: str, keep_own: 
         mine = None
         if set(keys) <= set(policy.state_dict()):
             mine = base_fp if base_fp is not None else frozen_fingerprint(policy, keys)
-        if mine != frozen["fingerprint"]:
-            raise CheckpointError(f"{source} holds only the weights that train; they were trained on "
-                                  f"{frozen['base']} ({len(keys)} frozen tensors), and this policy's frozen "
-                                  "weights are not those: build it on that base (the run's config.yaml names it)")
+        check_base(frozen, mine, source)
         allowed |= set(keys)
     todo = {k: v for k, v in model.items() if k not in keep_own}
     missing, unexpected = policy.load_state_dict(todo, strict=False)
@@ -705,10 +711,8 @@ class TorchLearner:
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         rest = load_torch(path / sharded_checkpoints.TRAINER_FILE)
-        frozen = rest.get("frozen")
-        if frozen is not None and frozen["fingerprint"] != self.base_fp:
-            raise CheckpointError(f"{path} holds only the weights that train; they were trained on {frozen['base']}, "
-                                  f"and this run's frozen weights are not those ({self.base})")
+        if rest.get("frozen") is not None:
+            check_base(rest["frozen"], self.base_fp, str(path))
         parts = {"model": self._trained(self.policy.state_dict()), "optimizer": get_optimizer_state_dict(self.policy, self.opt)}
         if "prox" in sharded_checkpoints.saved_parts(path) and self.prox is not None:
             parts["prox"] = self._trained(self.prox.state_dict())
