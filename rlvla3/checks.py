@@ -144,10 +144,14 @@ def megatron(cfg: RunConfig) -> None:
             "policy.lm_backend=transformers with policy.pretrained")
 
 
+LEROBOT_FOLDERS = ("pi0", "pi05", "smolvla")   # families loading a LeRobot folder: config.json's type, processor files
+
+
 def pretrained(cfg: RunConfig) -> None:
     """A pretrained checkpoint this run can use, with the tokenizer it reads its prompt with."""
     from .policies.openvla import layout as openvla_folder
     from .policies.pi import layout as pi_layout
+    from .policies.smolvla import layout as smolvla_layout
 
     p = cfg.policy
     if released_openvla(p):
@@ -156,15 +160,18 @@ def pretrained(cfg: RunConfig) -> None:
     try:
         if released_openvla(p):
             openvla_folder.check(p, env_dims(cfg).action_dim, env_dims(cfg).proprio_dim)
-        elif p.name in ("pi0", "pi05"):
+        elif p.name in LEROBOT_FOLDERS:
             pi_layout.check_folder_type(p.pretrained, p.name)
+            if p.name == "smolvla":
+                smolvla_layout.check_folder(p.pretrained)
             said = pi_layout.execute_steps(p.pretrained)
             require(p.execute_steps or not said or said <= p.chunk, "policy.execute_steps", p.execute_steps,
                     f"the folder's config.json says n_action_steps={said}, more than policy.chunk={p.chunk}: "
                     "set policy.chunk to its chunk_size, or policy.execute_steps")
             instruction_encoder(p)   # its tokenizer (and π0.5's state statistics) load
-            # the statistics the flow reads: the state's (π0's state token) and the actions'
-            pi_layout.folder_normaliser(p.pretrained, env_dims(cfg), state=p.name == "pi0")
+            # the statistics the flow reads: the state's (π0's and SmolVLA's state token; π0.5's
+            # prompt reads it through its encoder) and the actions'
+            pi_layout.folder_normaliser(p.pretrained, env_dims(cfg), state=p.name != "pi05")
     except (OSError, ValueError, KeyError) as e:
         why = e.args[0] if isinstance(e, KeyError) else e
         raise ConfigError(f"policy={p.name} policy.pretrained={p.pretrained}: {why}") from None

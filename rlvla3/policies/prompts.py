@@ -119,16 +119,30 @@ TINY_CORPUS = [f"In: What action should the robot take to {t}?\nOut:" for t in (
 TINY_CORPUS.append("Task: lift the cube, State: 0 1 2 3 4 5 6 7 8 9 10 64 127 128 200 255;\nAction: ")   # π0.5's prompt
 
 
-# The special tokens at the head of each vocabulary: Llama-2's (OpenVLA) and PaliGemma's (π0).
-SPECIALS = {"llama": ["<unk>", "<s>", "</s>"], "paligemma": ["<pad>", "<eos>", "<bos>", "<unk>"]}
+# The special tokens at the head of each vocabulary: Llama-2's (OpenVLA), PaliGemma's (π0) and
+# SmolLM2's (SmolVLA's SmolVLM2).
+SPECIALS = {"llama": ["<unk>", "<s>", "</s>"], "paligemma": ["<pad>", "<eos>", "<bos>", "<unk>"],
+            "smolvlm": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
 
 
 def write_tiny_tokenizer(folder: str | Path, style: str = "llama", vocab_size: int = 512) -> None:
-    """A small tokenizer.json in the form of the real ones (a byte-fallback BPE with
-    SentencePiece's "▁" word marks, the style's special ids first, BOS added by its post-processor),
-    for tiny test checkpoints; ids stay below `vocab_size`."""
+    """A small tokenizer.json in the form of the real ones (Llama-2's and PaliGemma's: a
+    byte-fallback BPE with SentencePiece's "▁" word marks, the style's special ids first, BOS added
+    by its post-processor; SmolLM2's: a byte-level BPE adding no special token), for tiny test
+    checkpoints; ids stay below `vocab_size`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+    if style == "smolvlm":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(TINY_CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS[style],
+                                                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                                 show_progress=False))
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        tok.save(str(Path(folder) / "tokenizer.json"))
+        return
     specials = SPECIALS[style] + [f"<0x{b:02X}>" for b in range(256)]
     bos = "<s>" if style == "llama" else "<bos>"
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))

@@ -43,6 +43,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("pi05", "pi.pi05:Pi05Flow", "pi.pi05:Pi05Flow", "chain",
            "LeRobot's π0.5 folder (lerobot/pi05_base layout) + normaliser files; PaliGemma's tokenizer", "pi.layout:pi05_encoder",
            "pi.layout:execute_steps"),
+    Family("smolvla", "smolvla.policy:SmolVLAFlow", "smolvla.policy:SmolVLAFlow", "chain",
+           "LeRobot's SmolVLA folder (lerobot/smolvla_base layout) + normaliser files; SmolVLM2's tokenizer",
+           "smolvla.layout:encoder", "pi.layout:execute_steps"),
     Family("emulated", None, None, "tokens", "nothing: sleeps for a planner profile's costs", torch=False),
 )}
 

@@ -81,12 +81,8 @@ class Pi0Flow(Policy):
             raise ValueError(f"the PI0 model has chunk_size={c.chunk_size}, max_action_dim={c.max_action_dim}, "
                              f"max_state_dim={c.max_state_dim}; this run needs policy.chunk={spec.chunk}, "
                              f"{spec.action_dim} action dims, {spec.proprio_dim} proprio dims")
-        vlm = c.vlm_config
-        self.image_token_id = vlm.image_token_id
-        self.image_size = vlm.vision_config.image_size
-        self.tokens_per_image = (self.image_size // vlm.vision_config.patch_size) ** 2
         self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
-        self.value_head = nn.Linear(vlm.text_config.hidden_size, 1)
+        self.value_head = nn.Linear(self.prefix_width(), 1)
         state, self.action_affine = folder_normaliser(pcfg.pretrained, spec, self.reads_state(pcfg))
         self.register_buffer("state_scale", torch.from_numpy(state[0]), persistent=False)
         self.register_buffer("state_shift", torch.from_numpy(state[1]), persistent=False)
@@ -108,6 +104,10 @@ class Pi0Flow(Policy):
     def published(self):
         return published_pi0(torch.get_default_device())
 
+    def prefix_width(self) -> int:
+        """The width of the prefix's hidden states (V(s) reads their mean)."""
+        return self.model.config.vlm_config.text_config.hidden_size
+
     def velocity(self, cache, mask, state, x, t):
         """v(x_t, t | prefix, state) [n, K, max_action_dim] (x padded to max_action_dim)."""
         return self.model(state=state, noise=x, timestep=t, attention_mask=mask, cache=cache).logits
@@ -116,11 +116,14 @@ class Pi0Flow(Policy):
     def _prefix(self, images, proprio, tokens):
         """Run the VLM over [image tokens | instruction] once: its KV cache, mask and V(s)."""
         n, cams = images.shape[:2]
+        vlm = self.model.config.vlm_config
+        size = vlm.vision_config.image_size
         x = images.permute(0, 1, 4, 2, 3).float().div(127.5).sub(1.0)   # SigLIP: [-1, 1], [n, cams, 3, H, W]
-        if x.shape[-1] != self.image_size:
-            x = nn.functional.interpolate(x.flatten(0, 1), size=(self.image_size,) * 2, mode="bilinear",
+        if x.shape[-1] != size:
+            x = nn.functional.interpolate(x.flatten(0, 1), size=(size, size), mode="bilinear",
                                           align_corners=False).unflatten(0, (n, cams))
-        img_ids = torch.full((n, cams * self.tokens_per_image), self.image_token_id, dtype=torch.long, device=tokens.device)
+        per_image = (size // vlm.vision_config.patch_size) ** 2
+        img_ids = torch.full((n, cams * per_image), vlm.image_token_id, dtype=torch.long, device=tokens.device)
         ids = torch.cat([img_ids, tokens.long()], 1)
         mask = torch.cat([torch.ones_like(img_ids), (tokens != 0).long()], 1)
         cam_mask = torch.ones(n, cams, dtype=torch.bool, device=tokens.device)
@@ -140,11 +143,17 @@ class Pi0Flow(Policy):
         model's max_action_dim and cut back)."""
         n = x.shape[0]
         t = torch.full((n,), 1.0 - k / self.steps, dtype=torch.float32, device=x.device)
-        prefix_len = cache.get_seq_length()
         xp = nn.functional.pad(x, (0, self.model.config.max_action_dim - self.action_dim))
-        v = self.velocity(cache, mask, state, xp, t)
-        cache.crop(prefix_len - cache.get_seq_length())   # drop this step's tokens: the next attends to the prefix only
+        v = self.step_velocity(cache, mask, state, xp, t)
         return x - v[..., :self.action_dim] / self.steps
+
+    def step_velocity(self, cache, mask, state, x, t):
+        """The velocity of one denoising step, the KV cache left as the prefix filled it: the
+        step's tokens are dropped, so the next step attends to the prefix only."""
+        prefix_len = cache.get_seq_length()
+        v = self.velocity(cache, mask, state, x, t)
+        cache.crop(prefix_len - cache.get_seq_length())
+        return v
 
     def _sigma(self):
         return self.log_std.clamp(*LOG_STD_RANGE).exp()
