@@ -13,7 +13,8 @@ from ..prompts import CheckpointPrompt, load_tokenizer, tokenizer_folder
 # config.json settings the model does not build: (key, what it must be, what is built)
 UNBUILT = [("attention_mode", lambda v: v == "cross_attn", "the cross-attention expert (smolvla_base's)"),
            ("add_image_special_tokens", lambda v: not v, "no special tokens around the image tokens"),
-           ("prefix_length", lambda v: v is None or v <= 0, "no padding of the prefix to a fixed length")]
+           ("prefix_length", lambda v: v is None or v <= 0, "no padding of the prefix to a fixed length"),
+           ("num_expert_layers", lambda v: v is None or v <= 0, "one expert layer per VLM layer (num_expert_layers 0 or -1)")]
 MARK = "<|im_end|>"   # SmolVLM2's padding token: present in its tokenizer, a check that this is it
 
 
