@@ -166,20 +166,23 @@ def _saved_bytes(policy, layers, spec, n: int, autocast_dtype: torch.dtype | Non
 
 @contextlib.contextmanager
 def no_value_checks():
-    """Switch off the two checks on the forward path that read a tensor's values (meta tensors
-    have none): torch.distributions' argument validation, and transformers' test of whether an
-    all-ones padding mask lets SDPA skip the causal mask (taken as "no": the mask is then
-    materialised, [n, 1, S, S] booleans, an upper bound)."""
+    """Switch off the checks on the forward path that read a tensor's values (meta tensors have
+    none): torch.distributions' argument validation, and transformers' tests of whether an
+    all-ones padding mask lets SDPA skip the causal or bidirectional mask (taken as "no": the
+    mask is then materialised, [n, 1, S, S] booleans, an upper bound)."""
     from transformers import masking_utils
 
-    validate, skip = torch.distributions.Distribution._validate_args, masking_utils._ignore_causal_mask_sdpa
+    validate = torch.distributions.Distribution._validate_args
+    skips = {name: getattr(masking_utils, name) for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")}
     torch.distributions.Distribution.set_default_validate_args(False)
-    masking_utils._ignore_causal_mask_sdpa = lambda *args, **kwargs: False
+    for name in skips:
+        setattr(masking_utils, name, lambda *args, **kwargs: False)
     try:
         yield
     finally:
         torch.distributions.Distribution.set_default_validate_args(validate)
-        masking_utils._ignore_causal_mask_sdpa = skip
+        for name, skip in skips.items():
+            setattr(masking_utils, name, skip)
 
 
 def fitted(cfg, spec, copies: int) -> tuple[Footprint, float]:

@@ -129,7 +129,8 @@ def test_the_prompt_is_the_task_and_a_newline_in_smolvlm2s_tokenizer(tmp_path):
     assert isinstance(encode, SmolVLAPrompt) and not encode.reads_state
     ids = encode("go to the red_square")
     n = int((ids != 0).sum())
-    assert list(ids[:n]) == encode.tok.encode("go to the red_square\n").ids   # no cleaning, no BOS (SmolLM2 adds none)
+    # no cleaning, no BOS (SmolLM2's tokenizer adds none)
+    assert list(ids[:n]) == encode.tok.encode("go to the red_square\n").ids
     assert encode.tok.decode(list(ids[:n])) == "go to the red_square\n"
     np.testing.assert_array_equal(encode("lift\n"), encode("lift"))   # a newline already there is not doubled
     write_tiny_tokenizer(tmp_path / "paligemma", "paligemma")
@@ -157,9 +158,11 @@ def test_act_and_evaluate_agree_and_the_state_token_and_time_condition_the_actio
     assert torch.allclose(lp, logp, atol=1e-4) and torch.allclose(v, value, atol=1e-5)
     (lp.sum() + v.sum()).backward()
     grads = {n for n, p in policy.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
-    assert {"model.state_proj.weight", "model.action_time_mlp_in.weight", "model.vlm_with_expert.lm_expert.layers.1.self_attn.k_proj.weight",
-            "model.vlm_with_expert.vlm.model.vision_model.encoder.layers.0.mlp.fc1.weight",
-            "model.vlm_with_expert.vlm.model.connector.modality_projection.proj.weight", "log_std", "value_head.weight"} <= grads
+    vlm = "model.vlm_with_expert.vlm.model."
+    assert {"model.state_proj.weight", "model.action_time_mlp_in.weight",
+            "model.vlm_with_expert.lm_expert.layers.1.self_attn.k_proj.weight",
+            vlm + "vision_model.encoder.layers.0.mlp.fc1.weight", vlm + "connector.modality_projection.proj.weight",
+            "log_std", "value_head.weight"} <= grads
     with torch.no_grad():
         moved = policy.act(images, proprio + 5.0, tokens, noise)[0]
         prefix, _, _ = policy._prefix(images, proprio, tokens)
@@ -172,8 +175,8 @@ def test_act_and_evaluate_agree_and_the_state_token_and_time_condition_the_actio
 
 def test_images_and_instruction_never_attend_to_the_state_token(tmp_path):
     """SmolVLA's prefix blocks: images and text see each other, the state token sees them and
-    itself. So the state changes no valid image or text token's K/V. (A padding row is allowed nothing and averages every key, as LeRobot's: its own K/V
-    move, and no valid token reads them.)"""
+    itself. So the state changes no valid image or text token's K/V. (A padding row is allowed
+    nothing and averages every key, as LeRobot's: its own K/V move, and no valid token reads them.)"""
     cfg = compose(SMOLVLA_TOY)
     sp = spec(cfg)
     policy = make_policy(cfg, sp)

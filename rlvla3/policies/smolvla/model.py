@@ -22,10 +22,8 @@ Module names are LeRobot's minus the leading "model.", so a folder's tensors loa
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
