@@ -211,3 +211,33 @@ def load_strict(cls, path: Path, what: str):
         raise ValueError(f"policy.pretrained: the {what} checkpoint at {path} does not match its config: "
                          + "; ".join(f"{k.replace('_', ' ')} {v[:8]}{' ...' if len(v) > 8 else ''}" for k, v in bad.items() if v))
     return model
+
+
+class LayoutError(ValueError):
+    """A folder that does not hold its family's released layout; the message names what differs."""
+
+
+def lerobot_config(folder: Path, family: str, what: str) -> dict:
+    """The config.json of a LeRobot policy folder (with its model.safetensors) whose `type` is
+    `family`; `what` names the released folder in the errors (e.g. "LeRobot's π0.5 folder, e.g.
+    lerobot/pi05_base")."""
+    import json
+
+    for name in ("config.json", "model.safetensors"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"policy.pretrained={folder}: no {name} ({what}, saved locally); nothing is downloaded")
+    cfg = json.loads((folder / "config.json").read_text())
+    if cfg.get("type") != family:
+        raise LayoutError(f"{folder}/config.json: type={cfg.get('type')!r}; policy={family} loads a folder of type {family}")
+    return cfg
+
+
+def check_tensors(tensors: dict, want: dict, where: str, name=lambda k: k) -> None:
+    """A folder's tensors against the shapes the model built from its config wants: every
+    missing, unexpected or misshapen tensor named (`name`: the folder's name of a module's key)."""
+    missing = sorted(name(k) for k in want if k not in tensors)
+    unexpected = sorted(name(k) for k in tensors if k not in want)
+    shapes = [f"{name(k)}: {tuple(tensors[k].shape)}, expected {tuple(want[k])}" for k in want
+              if k in tensors and tensors[k].shape != want[k]]
+    if missing or unexpected or shapes:
+        raise LayoutError(f"{where}: missing {missing[:8]}, unexpected {unexpected[:8]}, misshapen {shapes[:8]}")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..base import Policy
+from ..base import Policy, check_tensors
 from . import prismatic
 from .layout import bounds, dataset_entry, gripper_to_dataset, gripper_to_env, norm_stats, unit_bounds
 from .layout import check as check_folder
@@ -87,12 +87,7 @@ def module_file(folder: Path, name: str) -> Path:
 def load_module(module: nn.Module, path: Path) -> None:
     """A DDP-saved state dict ("module." prefixes), strictly: what differs is named."""
     sd = {k.removeprefix("module."): v for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
-    want = module.state_dict()
-    missing, unexpected = sorted(set(want) - set(sd)), sorted(set(sd) - set(want))
-    shapes = [f"{k}: {tuple(sd[k].shape)}, expected {tuple(want[k].shape)}" for k in want if k in sd and sd[k].shape != want[k].shape]
-    if missing or unexpected or shapes:
-        raise prismatic.LayoutError(f"{path}: not OFT's layout: missing {missing[:8]}, unexpected {unexpected[:8]}, "
-                                    f"misshapen {shapes[:8]}")
+    check_tensors(sd, {k: v.shape for k, v in module.state_dict().items()}, f"{path}: not OFT's layout")
     module.load_state_dict({k: v.float() for k, v in sd.items()})
 
 

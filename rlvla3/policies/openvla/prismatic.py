@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..base import LayoutError, check_tensors
 from . import layout
 
 TOWERS = {   # timm id -> the tower's kind and what its tensors cannot tell: heads, registers
@@ -44,8 +45,6 @@ PREPROCESSOR = {"image_processor_type": "PrismaticImageProcessor", "processor_cl
 PUBLISHED_PARAMS = 7_541_237_184   # the released folder's tensors (transformers adds 2,048: DINOv2's mask token and cls position)
 
 
-class LayoutError(ValueError):
-    """A checkpoint folder that does not hold the published layout; the message names what differs."""
 
 
 # ------------------------------------------------------------------ reading and writing the folder
@@ -226,13 +225,7 @@ def check_layout(skeleton: Prismatic, tensors: dict[str, torch.Tensor], where: s
     """The folder's tensors are exactly the names and shapes `skeleton` (a model on the meta
     device: no memory) publishes, or a LayoutError naming each that differs."""
     want = {k: v.shape for k, v in published_state_dict(skeleton).items()}
-    missing = sorted(k for k in want if k not in tensors)
-    unexpected = sorted(k for k in tensors if k not in want)
-    shapes = [f"{k}: {tuple(tensors[k].shape)}, expected {tuple(want[k])}" for k in want
-              if k in tensors and tensors[k].shape != want[k]]
-    if missing or unexpected or shapes:
-        raise LayoutError(f"{where}: not the published OpenVLA layout: missing {missing[:8]}, unexpected {unexpected[:8]}, "
-                          f"misshapen {shapes[:8]}")
+    check_tensors(tensors, want, f"{where}: not the published OpenVLA layout")
 
 
 def load_published(model: Prismatic, tensors: dict[str, torch.Tensor]) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..base import LayoutError, check_tensors, lerobot_config
 from .pi0 import Pi0Flow, tiny_pi0_config
 
 PUBLISHED_PARAMS = 3_616_757_520   # lerobot/pi05_base's tensors (docs/layouts/pi05-base.md)
@@ -37,10 +38,6 @@ RENAMES = [(r"^paligemma_with_expert\.paligemma\.model\.vision_tower\.vision_mod
            (r"^paligemma_with_expert\.paligemma\.lm_head\.", "model.vlm.language_model.embed_tokens."),
            (r"^paligemma_with_expert\.gemma_expert\.model\.", "model.dit."),
            (r"^paligemma_with_expert\.gemma_expert\.lm_head\.", "model.dit.embed_tokens.")]
-
-
-class LayoutError(ValueError):
-    """A folder that does not hold LeRobot's π0.5 layout; the message names what differs."""
 
 
 class AdaRMSNorm(nn.Module):
@@ -161,13 +158,7 @@ def load_folder(folder: str | Path) -> Pi05Model:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    for name in ("config.json", "model.safetensors"):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"policy.pretrained={folder}: no {name} (LeRobot's π0.5 folder, e.g. lerobot/pi05_base, "
-                                    "saved locally); nothing is downloaded")
-    cfg = json.loads((folder / "config.json").read_text())
-    if cfg.get("type") != "pi05":
-        raise LayoutError(f"{folder}/config.json: type={cfg.get('type')!r}; policy=pi05 loads a LeRobot π0.5 folder (type pi05)")
+    cfg = lerobot_config(folder, "pi05", "LeRobot's π0.5 folder, e.g. lerobot/pi05_base")
     tensors = {our_name(k): v for k, v in load_file(folder / "model.safetensors").items()}
     try:
         config = config_of(cfg, tensors)
@@ -175,13 +166,7 @@ def load_folder(folder: str | Path) -> Pi05Model:
         raise LayoutError(f"{folder}: not LeRobot's π0.5 layout: no {lerobot_name(e.args[0])}") from None
     with torch.device("meta"):
         want = {k: v.shape for k, v in Pi05Model(config).state_dict().items()}
-    missing = sorted(lerobot_name(k) for k in want if k not in tensors)
-    unexpected = sorted(lerobot_name(k) for k in tensors if k not in want)
-    shapes = [f"{lerobot_name(k)}: {tuple(tensors[k].shape)}, expected {tuple(want[k])}" for k in want
-              if k in tensors and tensors[k].shape != want[k]]
-    if missing or unexpected or shapes:
-        raise LayoutError(f"{folder}: not LeRobot's π0.5 layout: missing {missing[:8]}, unexpected {unexpected[:8]}, "
-                          f"misshapen {shapes[:8]}")
+    check_tensors(tensors, want, f"{folder}: not LeRobot's π0.5 layout", lerobot_name)
     model = Pi05Model(config)
     model.load_state_dict(tensors, strict=True)
     return model

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
+from ..base import LayoutError, check_tensors, lerobot_config
 from .layout import check_settings
-from .model import HEAD_DIM, LayoutError, SmolVLAConfig, SmolVLAModel, smolvlm_config
+from .model import HEAD_DIM, SmolVLAConfig, SmolVLAModel, smolvlm_config
 
 PREFIX = "model."
 TEXT = "vlm_with_expert.vlm.model.text_model."
@@ -63,23 +64,12 @@ def config_of(cfg: dict, t: dict[str, torch.Tensor]) -> SmolVLAConfig:
                          resize=resize[0])
 
 
-def read_config(folder: Path) -> dict:
-    for name in ("config.json", "model.safetensors"):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"policy.pretrained={folder}: no {name} (LeRobot's SmolVLA folder, e.g. "
-                                    "lerobot/smolvla_base, saved locally); nothing is downloaded")
-    cfg = json.loads((folder / "config.json").read_text())
-    if cfg.get("type") != "smolvla":
-        raise LayoutError(f"{folder}/config.json: type={cfg.get('type')!r}; policy=smolvla loads a LeRobot SmolVLA folder (type smolvla)")
-    return cfg
-
-
 def load_folder(folder: str | Path) -> SmolVLAModel:
     """A LeRobot SmolVLA folder, strictly: a missing, unexpected or misshapen tensor is an error naming it."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    cfg = read_config(folder)
+    cfg = lerobot_config(folder, "smolvla", "LeRobot's SmolVLA folder, e.g. lerobot/smolvla_base")
     tensors = {k[len(PREFIX):] if k.startswith(PREFIX) else k: v for k, v in load_file(folder / "model.safetensors").items()}
     try:
         config = config_of(cfg, tensors)
@@ -87,13 +77,7 @@ def load_folder(folder: str | Path) -> SmolVLAModel:
         raise LayoutError(f"{folder}: not LeRobot's SmolVLA layout: no {PREFIX}{e.args[0]}") from None
     with torch.device("meta"):
         want = {k: v.shape for k, v in SmolVLAModel(config).state_dict().items()}
-    missing = sorted(PREFIX + k for k in want if k not in tensors)
-    unexpected = sorted(PREFIX + k for k in tensors if k not in want)
-    shapes = [f"{PREFIX}{k}: {tuple(tensors[k].shape)}, expected {tuple(want[k])}" for k in want
-              if k in tensors and tensors[k].shape != want[k]]
-    if missing or unexpected or shapes:
-        raise LayoutError(f"{folder}: not LeRobot's SmolVLA layout: missing {missing[:8]}, unexpected {unexpected[:8]}, "
-                          f"misshapen {shapes[:8]}")
+    check_tensors(tensors, want, f"{folder}: not LeRobot's SmolVLA layout", lambda k: PREFIX + k)
     model = SmolVLAModel(config)
     # the release mixes bf16 and fp32 tensors: each is cast to this model's dtype
     model.load_state_dict({k: v.to(model.state_proj.weight.dtype) for k, v in tensors.items()}, strict=True)

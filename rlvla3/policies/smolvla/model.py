@@ -34,10 +34,6 @@ ROPE_BASE = 10_000.0
 TIME_PERIODS = (4e-3, 4.0)       # min_period, max_period of the time sinusoid (LeRobot's defaults)
 
 
-class LayoutError(ValueError):
-    """A folder that does not hold LeRobot's SmolVLA layout; the message names what differs."""
-
-
 @dataclass
 class SmolVLAConfig:
     """The sizes of one SmolVLA (the VLM's from a transformers SmolVLMConfig)."""
