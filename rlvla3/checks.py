@@ -149,6 +149,7 @@ LEROBOT_FOLDERS = ("pi0", "pi05", "smolvla")   # families loading a LeRobot fold
 
 def pretrained(cfg: RunConfig) -> None:
     """A pretrained checkpoint this run can use, with the tokenizer it reads its prompt with."""
+    from .policies.gr00t import layout as gr00t_layout
     from .policies.openvla import layout as openvla_folder
     from .policies.pi import layout as pi_layout
     from .policies.smolvla import layout as smolvla_layout
@@ -160,6 +161,9 @@ def pretrained(cfg: RunConfig) -> None:
     try:
         if released_openvla(p):
             openvla_folder.check(p, env_dims(cfg).action_dim, env_dims(cfg).proprio_dim)
+        elif p.name == "gr00t":
+            gr00t_layout.check_folder(p.pretrained, env_dims(cfg).proprio_dim, env_dims(cfg).action_dim)
+            instruction_encoder(p)   # Eagle's tokenizer loads
         elif p.name in LEROBOT_FOLDERS:
             pi_layout.check_folder_type(p.pretrained, p.name)
             if p.name == "smolvla":

@@ -122,17 +122,19 @@ TINY_CORPUS.append("Task: lift the cube, State: 0 1 2 3 4 5 6 7 8 9 10 64 127 12
 # The special tokens at the head of each vocabulary: Llama-2's (OpenVLA), PaliGemma's (π0) and
 # SmolLM2's (SmolVLA's SmolVLM2).
 SPECIALS = {"llama": ["<unk>", "<s>", "</s>"], "paligemma": ["<pad>", "<eos>", "<bos>", "<unk>"],
-            "smolvlm": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}
+            "smolvlm": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            "eagle": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<IMG_CONTEXT>", "<img>", "</img>"]}
+BYTE_LEVEL = ("smolvlm", "eagle")   # SmolLM2's and Qwen3's (Eagle 2.5's) byte-level BPEs
 
 
 def write_tiny_tokenizer(folder: str | Path, style: str = "llama", vocab_size: int = 512) -> None:
     """A small tokenizer.json in the form of the real ones (Llama-2's and PaliGemma's: a
     byte-fallback BPE with SentencePiece's "▁" word marks, the style's special ids first, BOS added
-    by its post-processor; SmolLM2's: a byte-level BPE adding no special token), for tiny test
-    checkpoints; ids stay below `vocab_size`."""
+    by its post-processor; SmolLM2's and Qwen3's: a byte-level BPE adding no special token), for
+    tiny test checkpoints; ids stay below `vocab_size`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    if style == "smolvlm":
+    if style in BYTE_LEVEL:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()

@@ -46,6 +46,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("smolvla", "smolvla.policy:SmolVLAFlow", "smolvla.policy:SmolVLAFlow", "chain",
            "LeRobot's SmolVLA folder (lerobot/smolvla_base layout) + normaliser files; SmolVLM2's tokenizer",
            "smolvla.layout:encoder", "pi.layout:execute_steps"),
+    Family("gr00t", "gr00t.policy:Gr00tFlow", "gr00t.policy:Gr00tFlow", "chain",
+           "a GR00T N1.5 folder (nvidia/GR00T-N1.5-3B layout) + experiment_cfg/metadata.json; Eagle 2.5's tokenizer",
+           "gr00t.layout:encoder"),
     Family("emulated", None, None, "tokens", "nothing: sleeps for a planner profile's costs", torch=False),
 )}
 

@@ -83,9 +83,13 @@ class Pi0Flow(Policy):
                              f"{spec.action_dim} action dims, {spec.proprio_dim} proprio dims")
         self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
         self.value_head = nn.Linear(self.prefix_width(), 1)
-        state, self.action_affine = folder_normaliser(pcfg.pretrained, spec, self.reads_state(pcfg))
+        state, self.action_affine = self.normaliser(pcfg, spec)
         self.register_buffer("state_scale", torch.from_numpy(state[0]), persistent=False)
         self.register_buffer("state_shift", torch.from_numpy(state[1]), persistent=False)
+
+    def normaliser(self, pcfg, spec):
+        """((scale, shift) of the proprio, (scale, shift) of the actions): the folder's statistics."""
+        return folder_normaliser(pcfg.pretrained, spec, self.reads_state(pcfg))
 
     @staticmethod
     def reads_state(pcfg) -> bool:
