@@ -64,7 +64,8 @@ class EnvConfig:
     LIBERO evaluation prepares it (envs/images.py): direct (rendered at env.image_size) | openvla
     (OpenVLA's and OpenVLA-OFT's: rendered at 256, a JPEG round trip, a Lanczos resize, the
     centre 0.9 of the area resized back) | openpi (openpi's π0/π0.5 client: rendered at 256, a
-    bilinear resize)."""
+    bilinear resize) | gr00t (GR00T N1.5's: rendered at 256, the centre 0.95 of the side, an
+    antialiased bilinear resize)."""
     cameras: list[str] = field(default_factory=lambda: ["agentview"])
     """Camera names (robosuite: agentview, robot0_eye_in_hand, ...; metaworld: corner2, ...); one image each."""
     robot: str = "Panda"
@@ -140,7 +141,8 @@ class PolicyConfig:
     an LM: SigLIP + Qwen2/Llama at random init, or a released OpenVLA folder) | openvla_oft (a released
     OpenVLA-OFT folder: its L1 regression head as a Gaussian) | pi0 (transformers' PI0: flow-matching
     action expert) | pi05 (π0.5: LeRobot's layout, the state in the prompt) | smolvla (SmolVLA:
-    LeRobot's layout, SmolVLM2 prefix and a cross-attending expert) | emulated (sleeps for the
+    LeRobot's layout, SmolVLM2 prefix and a cross-attending expert) | gr00t (GR00T N1.5: Eagle 2.5
+    and a flow-matching DiT action head) | emulated (sleeps for the
     costs below; no torch)."""
     chunk: int = 1
     """Actions per forward (action chunking, OpenVLA-OFT/π0 style). The Simulator executes the
@@ -159,13 +161,13 @@ class PolicyConfig:
     lm: str = "qwen2"
     """openvla: the language model class (transformers): qwen2 | llama."""
     denoise_steps: int = 4
-    """pi0, pi05, smolvla: denoising steps per action chunk (each one a Gaussian transition, see flow_noise_std)."""
+    """pi0, pi05, smolvla, gr00t: denoising steps per action chunk (each one a Gaussian transition, see flow_noise_std)."""
     flow_noise_std: float = 0.2
-    """pi0/pi05/smolvla: initial std of the noise injected at each denoising step (learned per action dim,
+    """the flow families (pi0, pi05, smolvla, gr00t): initial std of the noise injected at each denoising step (learned per action dim,
     kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability.
     openvla_oft: the initial std of the Gaussian around the regressed chunk (normalised units)."""
     flow_start_std: float = 1.0
-    """pi0/pi05/smolvla: std of the chain's start x_0 (1: the flow's own N(0, I)). log pi credits only the
+    """the flow families: std of the chain's start x_0 (1: the flow's own N(0, I)). log pi credits only the
     noise injected at the denoising steps, not x_0, so RL wants the randomness that decides an
     episode in the former: 0 starts every chain at the origin (a Gaussian policy around the flow's
     deterministic path), fractions in between shrink x_0's share."""
@@ -194,11 +196,11 @@ class PolicyConfig:
     """A local checkpoint folder to start from instead of random weights; nothing is downloaded.
     openvla: a released OpenVLA folder (openvla/openvla-7b or a fine-tune: its tokenizer, prompt,
     image transform and action statistics come with it); pi0: a transformers/LeRobot PI0 folder;
-    pi05, smolvla: a LeRobot folder of that type."""
+    pi05, smolvla: a LeRobot folder of that type; gr00t: a GR00T N1.5 folder."""
     tokenizer: str = ""
     """A local folder with the pretrained checkpoint's tokenizer.json when it is not in
-    policy.pretrained (π0, π0.5: PaliGemma's tokenizer; SmolVLA: SmolVLM2's; LeRobot's folders
-    ship none); empty: the checkpoint folder's own."""
+    policy.pretrained (π0, π0.5: PaliGemma's tokenizer; SmolVLA: SmolVLM2's; GR00T: Eagle 2.5's;
+    their folders ship none); empty: the checkpoint folder's own."""
     discrete_state_input: bool = True
     """pi05: write the state into the prompt as 256-bin text (openpi's discrete_state_input: π0.5
     reads its state nowhere else); false: the prompt is the task alone and the policy sees no

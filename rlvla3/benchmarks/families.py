@@ -17,6 +17,7 @@ FAMILY_RUNS = {
     "pi0_chunk4": ["policy=pi0"],
     "pi05_chunk4": ["policy=pi05"],
     "smolvla_chunk4": ["policy=smolvla"],
+    "gr00t_chunk4": ["policy=gr00t"],
     # a released OpenVLA folder (a tiny one in the published layout, written for the run)
     "openvla_released": ["policy=openvla", "policy.decoding=autoregressive", RELEASED],
     "openvla_released_oft_chunk8": ["policy=openvla", "policy.chunk=8", RELEASED],

@@ -24,10 +24,12 @@ COMMON = ["+experiment=toy", "mode=sync", "algo.max_versions=2", "algo.update_ep
 # The families in their published layouts at tiny size: OFT from a tiny released folder (it has no
 # random-init form) with LoRA over a float32 base (a bf16 base's matmuls round differently for a
 # different number of rows per forward, so 1 and N ranks part ways under replicate as well), π0.5
-# built from its real PaliGemma + Gemma expert classes, SmolVLA from its SmolVLM + Llama ones.
+# built from its real PaliGemma + Gemma expert classes, SmolVLA from its SmolVLM + Llama ones, GR00T from
+# SigLIP + Qwen3 and its own action head.
 PARITY_RUNS = {"openvla_oft": ["policy=openvla_oft", "policy.pretrained={released_oft}", "policy.lora_base_dtype=float32"],
                "pi05": ["policy=pi05", "policy.patch=3"],
-               "smolvla": ["policy=smolvla", "policy.patch=3"]}
+               "smolvla": ["policy=smolvla", "policy.patch=3"],
+               "gr00t": ["policy=gr00t", "policy.patch=3"]}
 
 
 def run(a) -> int:

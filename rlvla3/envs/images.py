@@ -11,6 +11,9 @@ interpreter (LIBERO's), on frames already turned the way the checkpoint saw them
   `crop_and_resize` sampling) and converted to uint8 as TensorFlow's `convert_image_dtype` does.
 - openpi: openpi's LIBERO client (examples/libero/main.py, openpi_client/image_tools.py):
   rendered at 256, a bilinear resize (PIL) to the policy's size.
+- gr00t: GR00T N1.5's LIBERO evaluation (NVIDIA/Isaac-GR00T, examples/Libero: its video
+  transforms at evaluation): rendered at 256, the centre square of 0.95 of the side (243 px,
+  torchvision's CenterCrop rounding), an antialiased bilinear resize to the policy's size.
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ import io
 import numpy as np
 
 # name -> the size the env renders at (None: env.image_size itself)
-PIPELINES: dict[str, int | None] = {"direct": None, "openvla": 256, "openpi": 256}
+PIPELINES: dict[str, int | None] = {"direct": None, "openvla": 256, "openpi": 256, "gr00t": 256}
 CROP_AREA = 0.9   # OpenVLA's and OFT's centre crop: the fraction of the area it keeps
+GR00T_CROP = 0.95  # GR00T's LIBERO evaluation: the fraction of the side its centre crop keeps
 
 
 def render_size(pipeline: str, image_size: int) -> int:
@@ -36,6 +40,8 @@ def prepare(frame: np.ndarray, pipeline: str, size: int) -> np.ndarray:
         return crop_and_resize_centre(lanczos(jpeg_round_trip(frame), size), CROP_AREA)
     if pipeline == "openpi":
         return pil_resize(frame, size, "BILINEAR")
+    if pipeline == "gr00t":
+        return pil_resize(centre_square(frame, GR00T_CROP), size, "BILINEAR")
     raise ValueError(f"env.image_pipeline={pipeline!r}: use one of {', '.join(PIPELINES)}")
 
 
@@ -80,3 +86,12 @@ def crop_and_resize_centre(frame: np.ndarray, area: float) -> np.ndarray:
     bottom = x[y1][:, x0] + (x[y1][:, x1] - x[y1][:, x0]) * fx
     out = np.clip(top + (bottom - top) * fy, f32(0), f32(1))
     return np.clip(out * f32(255.5), 0, 255).astype(np.uint8)
+
+
+def centre_square(frame: np.ndarray, side: float) -> np.ndarray:
+    """The centre square keeping `side` of the frame's side (int of it), its corner rounded as
+    torchvision's CenterCrop rounds it."""
+    h, w = frame.shape[:2]
+    c = int(side * min(h, w))
+    top, left = int(round((h - c) / 2.0)), int(round((w - c) / 2.0))
+    return frame[top:top + c, left:left + c]

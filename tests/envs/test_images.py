@@ -67,3 +67,21 @@ def test_openvla_and_openpi_prepare_a_256_frame_as_their_evaluations_do():
     assert (render_size("openvla", 224), render_size("openpi", 224), render_size("direct", 128)) == (256, 256, 128)
     with pytest.raises(ValueError, match="env.image_pipeline='lanczos'"):
         prepare(frame, "lanczos", 224)
+
+
+def test_gr00t_crops_the_centre_and_resizes_as_its_libero_evaluation_does():
+    """GR00T's evaluation runs torchvision on tensors: CenterCrop(243) of the 256 frame, then an
+    antialiased bilinear resize to 224; the reference here is torch's own antialiased bilinear
+    interpolation of the same crop."""
+    import torch
+
+    frame = fixed_frame(256)
+    crop = frame[6:249, 6:249]          # 243 = int(0.95 * 256), corner round(6.5) = 6
+    x = torch.from_numpy(crop).permute(2, 0, 1)[None].float()
+    want = torch.nn.functional.interpolate(x, size=(224, 224), mode="bilinear", align_corners=False, antialias=True)
+    want = want.round().clamp(0, 255)[0].permute(1, 2, 0).numpy().astype(int)
+    got = prepare(frame, "gr00t", 224)
+    assert got.shape == (224, 224, 3) and render_size("gr00t", 224) == 256
+    diff = np.abs(got.astype(int) - want)
+    assert diff.max() <= 2 and diff.mean() < 0.5, (diff.max(), diff.mean())
+    assert np.abs(got.astype(int) - prepare(frame, "openpi", 224)).mean() > 1   # the crop moved the content

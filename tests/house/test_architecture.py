@@ -54,8 +54,8 @@ def test_the_family_registry_is_what_every_reader_sees():
     from rlvla3.policies.registry import FAMILIES, PUBLISHED
     from rlvla3.policies.sampling import CHAIN_FAMILIES, GAUSSIAN_FAMILIES
 
-    assert set(PUBLISHED_RUNS) == set(PUBLISHED) == {"openvla", "openvla_oft", "pi0", "pi05", "smolvla"}
-    assert set(CHAIN_FAMILIES) == {"pi0", "pi05", "smolvla"} and set(GAUSSIAN_FAMILIES) == {"openvla_oft"}
+    assert set(PUBLISHED_RUNS) == set(PUBLISHED) == {"openvla", "openvla_oft", "pi0", "pi05", "smolvla", "gr00t"}
+    assert set(CHAIN_FAMILIES) == {"pi0", "pi05", "smolvla", "gr00t"} and set(GAUSSIAN_FAMILIES) == {"openvla_oft"}
     benched = {o.split("=")[1] for runs in FAMILY_RUNS.values() for o in runs if o.startswith("policy=")}
     assert benched == {n for n, f in FAMILIES.items() if f.torch}
     docs = (ROOT / "docs" / "policies.md").read_text()
