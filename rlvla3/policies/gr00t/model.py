@@ -331,16 +331,16 @@ class Gr00tModel(nn.Module):
         h = tower(pixel_values=x.to(tower.embeddings.patch_embedding.weight.dtype)).last_hidden_state
         return self.eagle.mlp1(h).unflatten(0, (n, cams)).flatten(1, 2)
 
-    def features(self, images: torch.Tensor, tokens: torch.Tensor, state: torch.Tensor) -> Features:
-        """The LM over the prompt with the image tokens in its placeholders (or, when the prompt has
-        none, as a random-initialised model's hashed prompt, before it), then the action head's
-        VL self-attention; and the state token."""
+    def features(self, images: torch.Tensor, tokens: torch.Tensor, state: torch.Tensor, placeholders: bool) -> Features:
+        """The LM over the prompt with the image tokens in its `placeholders` (Eagle's template;
+        without them, as a random-initialised model's hashed prompt, before it), then the action
+        head's VL self-attention; and the state token."""
         c, lm = self.config, self.eagle.language_model.model
         img = self.image_tokens(images)
         ids = tokens.long()
         text = lm.embed_tokens(ids).to(img.dtype)
         slots = ids == c.image_token_id
-        if slots.any():
+        if placeholders:
             if int(slots.sum()) != img.shape[0] * img.shape[1]:
                 raise ValueError(f"the prompt holds {int(slots.sum()) // img.shape[0]} image placeholders a row; the "
                                  f"{images.shape[1]} cameras give {img.shape[1]} image tokens")

@@ -65,7 +65,7 @@ class Gr00tFlow(Pi0Flow):
     def _prefix(self, images, proprio, tokens):
         if self.template.numel():
             tokens = torch.cat([self.template.expand(tokens.shape[0], -1), tokens.long()], 1)
-        f = self.model.features(images, tokens, self._state(proprio))
+        f = self.model.features(images, tokens, self._state(proprio), placeholders=bool(self.template.numel()))
         m = f.valid[..., None].to(f.hidden.dtype)
         return f, f.valid, self.value_head((f.hidden * m).sum(1) / m.sum(1))[:, 0]
 
