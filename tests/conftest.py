@@ -132,3 +132,34 @@ def replace_entry(shard: Path, name: str, data: bytes) -> None:
         for n, b in kept.items():
             zf.writestr(n, b)
 
+
+
+def obs_batch(sp, encode, n: int = 3, seed: int = 0):
+    """A batch of `n` observations for a policy of spec `sp` (random frames and proprio, three
+    instructions encoded by `encode`) and the noise of one sample each: (images, proprio, tokens, noise)."""
+    import numpy as np
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 255, (n, sp.cameras, sp.image_size, sp.image_size, 3), generator=g, dtype=torch.uint8)
+    proprio = torch.randn(n, sp.proprio_dim, generator=g)
+    tokens = torch.from_numpy(np.stack([encode(t) for t in ("lift", "go to the red square", "lift the cube")][:n]))
+    return images, proprio, tokens, torch.randn(n, *sp.sample.noise_shape, generator=g)
+
+
+def damage_tensor(path: Path, damage: str, name: str, extra: str, shape: tuple) -> str:
+    """Rewrite a released folder's safetensors file with one tensor damaged: `missing` drops
+    `name`, `extra` adds the tensor `extra`, `shape` gives `name` the `shape`. The name a strict
+    loader must report."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(path)
+    if damage == "missing":
+        del t[name]
+    elif damage == "extra":
+        name, t[extra] = extra, torch.zeros(3)
+    else:
+        t[name] = torch.zeros(shape)
+    save_file(t, path, metadata={"format": "pt"})
+    return name

@@ -241,3 +241,17 @@ def check_tensors(tensors: dict, want: dict, where: str, name=lambda k: k) -> No
               if k in tensors and tensors[k].shape != want[k]]
     if missing or unexpected or shapes:
         raise LayoutError(f"{where}: missing {missing[:8]}, unexpected {unexpected[:8]}, misshapen {shapes[:8]}")
+
+
+def checked_config(folder_cfg: dict, tensors: dict, config_of, model_cls, where: str, name=lambda k: k):
+    """The model config a released folder's config.json and tensors give (`config_of`), its
+    tensors checked against the model `model_cls` builds from it on the meta device: a tensor the
+    sizes are read from, missing, or any tensor that differs is a LayoutError naming it."""
+    try:
+        config = config_of(folder_cfg, tensors)
+    except KeyError as e:
+        raise LayoutError(f"{where}: no {name(e.args[0])}") from None
+    with torch.device("meta"):
+        want = {k: v.shape for k, v in model_cls(config).state_dict().items()}
+    check_tensors(tensors, want, where, name)
+    return config

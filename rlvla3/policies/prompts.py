@@ -71,12 +71,15 @@ class CheckpointPrompt:
     """An instruction as a pretrained checkpoint reads it, right-padded with 0 to `length`."""
 
     bos_token = ""
+    tokenizer = "this checkpoint's tokenizer"
+    required_token = ""   # a token the checkpoint's tokenizer holds (its BOS unless said): the check it is that one
 
     def __init__(self, folder: Path, length: int):
         self.tok, self.length = load_tokenizer(folder), length
-        self.bos = self.tok.token_to_id(self.bos_token)
-        if self.bos is None:
-            raise ValueError(f"{folder}/tokenizer.json has no {self.bos_token} (BOS) token: not this checkpoint's tokenizer")
+        need = self.required_token or self.bos_token
+        if self.tok.token_to_id(need) is None:
+            raise ValueError(f"{folder}/tokenizer.json has no {need} token: not {self.tokenizer} (policy.tokenizer)")
+        self.bos = self.tok.token_to_id(self.bos_token) if self.bos_token else None
 
     def ids(self, instruction: str) -> list[int]:
         raise NotImplementedError

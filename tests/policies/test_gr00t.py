@@ -21,7 +21,7 @@ from rlvla3.policies.gr00t import folder as gr00t_folder
 from rlvla3.policies.gr00t import layout
 from rlvla3.policies.prompts import instruction_encoder, load_tokenizer, write_tiny_tokenizer
 from rlvla3.world import spec, validate
-from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
+from tests.conftest import LOGP_CHECK, TOY, damage_tensor, needs_mpi, obs_batch, run_logprob_check
 
 # SigLIP So400m's head size (72) so the vision head count read off the tensors is the one built.
 GR00T_TOY = [*TOY, "policy=gr00t", "policy.d_model=144", "policy.heads=2", "policy.layers=1", "policy.patch=7",
@@ -48,14 +48,6 @@ def pretrained(root):
     return [*GR00T_TOY, f"policy.pretrained={root / 'gr00t'}", f"policy.tokenizer={root / 'eagle'}"]
 
 
-def batch(sp, encode, n=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 255, (n, sp.cameras, sp.image_size, sp.image_size, 3), generator=g, dtype=torch.uint8)
-    proprio = torch.randn(n, sp.proprio_dim, generator=g)
-    tokens = torch.from_numpy(np.stack([encode(t) for t in ("lift", "go to the red square", "lift the cube")][:n]))
-    return images, proprio, tokens, torch.randn(n, *sp.sample.noise_shape, generator=g)
-
-
 def test_a_tiny_folder_in_the_released_layout_loads_back_exactly(tmp_path):
     from safetensors.torch import load_file, save_file
 
@@ -80,20 +72,10 @@ def test_a_tiny_folder_in_the_released_layout_loads_back_exactly(tmp_path):
 
 @pytest.mark.parametrize("damage", ["missing", "extra", "shape"])
 def test_a_folder_that_is_not_the_released_layout_fails_naming_the_tensor(tmp_path, damage):
-    from safetensors.torch import load_file, save_file
-
     write_folder(tmp_path, compose(GR00T_TOY))
     path = tmp_path / "gr00t" / "model.safetensors"
-    t = load_file(path)
-    name = "action_head.model.transformer_blocks.1.attn1.to_k.weight"
-    if damage == "missing":
-        del t[name]
-    elif damage == "extra":
-        name = "action_head.model.transformer_blocks.1.norm3.weight"
-        t[name] = torch.zeros(3)
-    else:
-        t[name] = torch.zeros(144, 3)
-    save_file(t, path, metadata={"format": "pt"})
+    name = damage_tensor(path, damage, "action_head.model.transformer_blocks.1.attn1.to_k.weight",
+                         "action_head.model.transformer_blocks.1.norm3.weight", (144, 3))
     with pytest.raises(LayoutError, match=name.replace(".", r"\.")):
         gr00t_folder.load_folder(tmp_path / "gr00t", 31)
 
@@ -139,7 +121,7 @@ def test_act_and_evaluate_agree_and_the_flow_runs_from_noise_to_actions(tmp_path
     cfg = compose([*pretrained(tmp_path), "policy.lora_rank=0"])
     sp = spec(cfg)
     policy = make_policy(cfg, sp)
-    images, proprio, tokens, noise = batch(sp, instruction_encoder(cfg.policy))
+    images, proprio, tokens, noise = obs_batch(sp, instruction_encoder(cfg.policy))
     sample, logp, value = policy.act(images, proprio, tokens, noise)
     one = policy.act(images[1:2], proprio[1:2], tokens[1:2], noise[1:2])
     assert torch.allclose(one[0], sample[1:2], atol=1e-5), "a sample depends on its batch"

@@ -12,6 +12,7 @@ import torch
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
 from rlvla3.policies import make_policy
+from rlvla3.policies.base import LayoutError
 from rlvla3.policies.pi import pi05
 from rlvla3.policies.pi.layout import (
     WORD_MARK,
@@ -26,7 +27,7 @@ from rlvla3.policies.pi.layout import (
 )
 from rlvla3.policies.prompts import hashed_words, instruction_encoder, write_tiny_tokenizer
 from rlvla3.world import derive, spec, validate
-from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
+from tests.conftest import LOGP_CHECK, TOY, damage_tensor, needs_mpi, run_logprob_check
 
 PI05_TOY = [*TOY, "policy=pi05", "policy.patch=3", "policy.chunk=2", "policy.denoise_steps=3", "policy.instruction_len=48"]
 
@@ -74,21 +75,11 @@ def test_a_tiny_folder_in_lerobots_layout_loads_back_exactly(tmp_path):
 
 @pytest.mark.parametrize("damage", ["missing", "extra", "shape"])
 def test_a_folder_that_is_not_lerobots_layout_fails_naming_the_tensor(tmp_path, damage):
-    from safetensors.torch import load_file, save_file
-
     write_folder(tmp_path, compose(PI05_TOY))
     path = tmp_path / "pi05" / "model.safetensors"
-    t = load_file(path)
-    name = "paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.dense.weight"
-    if damage == "missing":
-        del t[name]
-    elif damage == "extra":
-        name = "paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.weight"
-        t[name] = torch.zeros(3)
-    else:
-        t[name] = torch.zeros(3, 3)
-    save_file(t, path, metadata={"format": "pt"})
-    with pytest.raises(pi05.LayoutError, match=name.replace(".", r"\.")):
+    name = damage_tensor(path, damage, "paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.dense.weight",
+                         "paligemma_with_expert.gemma_expert.model.layers.1.post_attention_layernorm.weight", (3, 3))
+    with pytest.raises(LayoutError, match=name.replace(".", r"\.")):
         pi05.load_folder(tmp_path / "pi05")
 
 

@@ -16,13 +16,14 @@ import torch
 from rlvla3.cluster.compose import compose
 from rlvla3.config import ConfigError
 from rlvla3.policies import execute_steps, make_policy
+from rlvla3.policies.base import LayoutError
 from rlvla3.policies.pi.layout import Normaliser, write_normaliser
 from rlvla3.policies.prompts import instruction_encoder, write_tiny_tokenizer
 from rlvla3.policies.smolvla import folder as smolvla_folder
 from rlvla3.policies.smolvla.layout import SmolVLAPrompt
 from rlvla3.policies.smolvla.model import PUBLISHED_PARAMS, rope
 from rlvla3.world import spec, validate
-from tests.conftest import LOGP_CHECK, TOY, needs_mpi, run_logprob_check
+from tests.conftest import LOGP_CHECK, TOY, damage_tensor, needs_mpi, obs_batch, run_logprob_check
 
 # SmolVLM2's head size (64) so the head counts read off the tensors are the ones built.
 SMOLVLA_TOY = [*TOY, "policy=smolvla", "policy.d_model=128", "policy.heads=2", "policy.patch=3", "policy.chunk=3",
@@ -54,14 +55,6 @@ def pretrained(root):
     return [*SMOLVLA_TOY, f"policy.pretrained={root / 'smolvla'}", f"policy.tokenizer={root / 'smolvlm2'}"]
 
 
-def batch(sp, encode, n=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    images = torch.randint(0, 255, (n, sp.cameras, sp.image_size, sp.image_size, 3), generator=g, dtype=torch.uint8)
-    proprio = torch.randn(n, sp.proprio_dim, generator=g)
-    tokens = torch.from_numpy(np.stack([encode(t) for t in ("a", "go to the red square", "lift the cube")][:n]))
-    return images, proprio, tokens, torch.randn(n, *sp.sample.noise_shape, generator=g)
-
-
 def test_a_tiny_folder_in_lerobots_layout_loads_back_exactly(tmp_path):
     from safetensors.torch import load_file
 
@@ -83,21 +76,11 @@ def test_a_tiny_folder_in_lerobots_layout_loads_back_exactly(tmp_path):
 
 @pytest.mark.parametrize("damage", ["missing", "extra", "shape"])
 def test_a_folder_that_is_not_lerobots_layout_fails_naming_the_tensor(tmp_path, damage):
-    from safetensors.torch import load_file, save_file
-
     write_folder(tmp_path, compose(SMOLVLA_TOY))
     path = tmp_path / "smolvla" / "model.safetensors"
-    t = load_file(path)
-    name = "model.vlm_with_expert.lm_expert.layers.1.self_attn.v_proj.weight"
-    if damage == "missing":
-        del t[name]
-    elif damage == "extra":
-        name = "model.vlm_with_expert.lm_expert.embed_tokens.weight"
-        t[name] = torch.zeros(3)
-    else:
-        t[name] = torch.zeros(64, 96)   # a joint layer's shape in a cross layer
-    save_file(t, path, metadata={"format": "pt"})
-    with pytest.raises(smolvla_folder.LayoutError, match=name.replace(".", r"\.")):
+    name = damage_tensor(path, damage, "model.vlm_with_expert.lm_expert.layers.1.self_attn.v_proj.weight",
+                         "model.vlm_with_expert.lm_expert.embed_tokens.weight", (64, 96))
+    with pytest.raises(LayoutError, match=name.replace(".", r"\.")):
         smolvla_folder.load_folder(tmp_path / "smolvla")
 
 
@@ -150,7 +133,7 @@ def test_act_and_evaluate_agree_and_the_state_token_and_time_condition_the_actio
     cfg = compose([*pretrained(tmp_path), "policy.lora_rank=0"])   # full fine-tuning: every weight trains
     sp = spec(cfg)
     policy = make_policy(cfg, sp)
-    images, proprio, tokens, noise = batch(sp, instruction_encoder(cfg.policy))
+    images, proprio, tokens, noise = obs_batch(sp, instruction_encoder(cfg.policy))
     sample, logp, value = policy.act(images, proprio, tokens, noise)
     one = policy.act(images[1:2], proprio[1:2], tokens[1:2], noise[1:2])
     assert torch.allclose(one[0], sample[1:2], atol=1e-5), "a sample depends on its batch"
@@ -180,7 +163,7 @@ def test_images_and_instruction_never_attend_to_the_state_token(tmp_path):
     cfg = compose(SMOLVLA_TOY)
     sp = spec(cfg)
     policy = make_policy(cfg, sp)
-    images, proprio, tokens, _ = batch(sp, instruction_encoder(cfg.policy))
+    images, proprio, tokens, _ = obs_batch(sp, instruction_encoder(cfg.policy))
     with torch.no_grad():
         a = policy.model.prefix(images, tokens, policy._state(proprio))
         b = policy.model.prefix(images, tokens, policy._state(proprio + 3.0))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..base import LayoutError, check_tensors
+from ..base import LayoutError, checked_config
 from .model import Gr00tConfig, Gr00tModel, published_config
 
 VISION = "backbone.eagle_model.vision_model.vision_model."
@@ -82,13 +82,8 @@ def load_folder(folder: str | Path, embodiment: int) -> Gr00tModel:
     tensors = {}
     for f in weight_files(folder):
         tensors.update({k: v for k, v in load_file(f).items() if not k.startswith(UNUSED)})
-    try:
-        config = config_of(cfg, tensors, embodiment)
-    except KeyError as e:
-        raise LayoutError(f"{folder}: not GR00T N1.5's layout: no {e.args[0]}") from None
-    with torch.device("meta"):
-        want = {k: v.shape for k, v in Gr00tModel(config).state_dict().items()}
-    check_tensors(tensors, want, f"{folder}: not GR00T N1.5's layout")
+    config = checked_config(cfg, tensors, lambda c, t: config_of(c, t, embodiment), Gr00tModel,
+                            f"{folder}: not GR00T N1.5's layout")
     model = Gr00tModel(config)
     model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     return model

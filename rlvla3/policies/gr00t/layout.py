@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..prompts import load_tokenizer, tokenizer_folder
+from ..prompts import CheckpointPrompt, load_tokenizer, tokenizer_folder
 
 EMBODIMENTS = {"new_embodiment": 31, "oxe_droid": 17, "agibot_genie1": 26, "gr1": 24}   # GR00T N1.5's tag -> weight bank row
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
@@ -70,8 +70,9 @@ def gripper_dims(entry: dict) -> list[int]:
     return dims
 
 
-def template(folder: Path, cameras: int, tokens_per_image: int) -> list[int]:
-    """The ids before the Simulator's part: system turn, user turn, each camera's image block."""
+def template(folder: Path, cameras: int, tokens_per_image: int) -> tuple[list[int], int]:
+    """The ids before the Simulator's part (system turn, user turn, each camera's image block),
+    and the placeholder's id the image tokens replace."""
     tok = load_tokenizer(folder)
     image = tok.token_to_id(IMAGE_TOKEN)
     if image is None:
@@ -80,29 +81,20 @@ def template(folder: Path, cameras: int, tokens_per_image: int) -> list[int]:
     for i in range(cameras):
         head = (SYSTEM if i == 0 else "</img>") + f"<image {i + 1}><img>"
         ids += tok.encode(head, add_special_tokens=False).ids + [image] * tokens_per_image
-    return ids + tok.encode("</img>", add_special_tokens=False).ids
+    return ids + tok.encode("</img>", add_special_tokens=False).ids, image
 
 
-class Gr00tPrompt:
+class Gr00tPrompt(CheckpointPrompt):
     """The Simulator's part of GR00T's prompt: the task as given, then the end of the user turn."""
 
-    reads_state = False
+    required_token = IMAGE_TOKEN
+    tokenizer = "Eagle 2.5's tokenizer (GR00T N1.5's)"
 
-    def __init__(self, folder: Path, length: int):
-        self.tok, self.length = load_tokenizer(folder), length
-        if self.tok.token_to_id(IMAGE_TOKEN) is None:
-            raise ValueError(f"{folder}/tokenizer.json has no {IMAGE_TOKEN}: not Eagle 2.5's tokenizer (policy.tokenizer)")
-
-    def __call__(self, instruction: str) -> np.ndarray:
+    def ids(self, instruction: str) -> list[int]:
         ids = self.tok.encode(instruction + TAIL, add_special_tokens=False).ids
         if 0 in ids:
             raise ValueError(f"the prompt of {instruction!r} holds id 0 ({self.tok.id_to_token(0)!r}), this project's padding")
-        if len(ids) > self.length:
-            raise ValueError(f"the prompt of {instruction!r} is {len(ids)} tokens, longer than policy.instruction_len="
-                             f"{self.length}: raise it to at least {len(ids)}")
-        out = np.zeros(self.length, np.int32)
-        out[:len(ids)] = ids
-        return out
+        return ids
 
 
 def encoder(pcfg):

@@ -49,7 +49,6 @@ class Gr00tConfig:
     max_seq_len: int = 1024
     num_inference_steps: int = 4
     timestep_buckets: int = TIMESTEP_BUCKETS
-    image_token_id: int = 151669          # <IMG_CONTEXT>
     embodiment: int = 31                  # the weight bank row the run uses (new_embodiment)
     # GR00T's time draw for the flow loss (SFT): t = (0.999 - Beta(1.5, 1)) / 0.999
     noise_beta: tuple = (1.5, 1.0)
@@ -331,16 +330,16 @@ class Gr00tModel(nn.Module):
         h = tower(pixel_values=x.to(tower.embeddings.patch_embedding.weight.dtype)).last_hidden_state
         return self.eagle.mlp1(h).unflatten(0, (n, cams)).flatten(1, 2)
 
-    def features(self, images: torch.Tensor, tokens: torch.Tensor, state: torch.Tensor, placeholders: bool) -> Features:
-        """The LM over the prompt with the image tokens in its `placeholders` (Eagle's template;
-        without them, as a random-initialised model's hashed prompt, before it), then the action
-        head's VL self-attention; and the state token."""
+    def features(self, images: torch.Tensor, tokens: torch.Tensor, state: torch.Tensor, image_token: int | None) -> Features:
+        """The LM over the prompt with the image tokens in its placeholders, the ids `image_token`
+        (Eagle's <IMG_CONTEXT>; None: a random-initialised model's hashed prompt, the image tokens
+        before it), then the action head's VL self-attention; and the state token."""
         c, lm = self.config, self.eagle.language_model.model
         img = self.image_tokens(images)
         ids = tokens.long()
         text = lm.embed_tokens(ids).to(img.dtype)
-        slots = ids == c.image_token_id
-        if placeholders:
+        if image_token is not None:
+            slots = ids == image_token
             if int(slots.sum()) != img.shape[0] * img.shape[1]:
                 raise ValueError(f"the prompt holds {int(slots.sum()) // img.shape[0]} image placeholders a row; the "
                                  f"{images.shape[1]} cameras give {img.shape[1]} image tokens")

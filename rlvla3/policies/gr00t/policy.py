@@ -39,8 +39,8 @@ class Gr00tFlow(Pi0Flow):
         self.entry = layout.metadata(pcfg.pretrained)[1] if pcfg.pretrained and not published else None
         super().__init__(pcfg, spec, published)
         self.gripper = layout.gripper_dims(self.entry) if self.entry else []
-        ids = layout.template(Path(pcfg.tokenizer or pcfg.pretrained), spec.cameras, self.model.config.tokens_per_image) \
-            if self.entry else []
+        ids, self.image_token = layout.template(Path(pcfg.tokenizer or pcfg.pretrained), spec.cameras,
+                                                self.model.config.tokens_per_image) if self.entry else ([], None)
         self.register_buffer("template", torch.tensor(ids, dtype=torch.long), persistent=False)
 
     def build(self, pcfg, spec):
@@ -65,7 +65,7 @@ class Gr00tFlow(Pi0Flow):
     def _prefix(self, images, proprio, tokens):
         if self.template.numel():
             tokens = torch.cat([self.template.expand(tokens.shape[0], -1), tokens.long()], 1)
-        f = self.model.features(images, tokens, self._state(proprio), placeholders=bool(self.template.numel()))
+        f = self.model.features(images, tokens, self._state(proprio), self.image_token)
         m = f.valid[..., None].to(f.hidden.dtype)
         return f, f.valid, self.value_head((f.hidden * m).sum(1) / m.sum(1))[:, 0]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..base import LayoutError, check_tensors, lerobot_config
+from ..base import checked_config, lerobot_config
 from .pi0 import Pi0Flow, tiny_pi0_config
 
 PUBLISHED_PARAMS = 3_616_757_520   # lerobot/pi05_base's tensors (docs/layouts/pi05-base.md)
@@ -160,13 +160,7 @@ def load_folder(folder: str | Path) -> Pi05Model:
     folder = Path(folder)
     cfg = lerobot_config(folder, "pi05", "LeRobot's π0.5 folder, e.g. lerobot/pi05_base")
     tensors = {our_name(k): v for k, v in load_file(folder / "model.safetensors").items()}
-    try:
-        config = config_of(cfg, tensors)
-    except KeyError as e:
-        raise LayoutError(f"{folder}: not LeRobot's π0.5 layout: no {lerobot_name(e.args[0])}") from None
-    with torch.device("meta"):
-        want = {k: v.shape for k, v in Pi05Model(config).state_dict().items()}
-    check_tensors(tensors, want, f"{folder}: not LeRobot's π0.5 layout", lerobot_name)
+    config = checked_config(cfg, tensors, config_of, Pi05Model, f"{folder}: not LeRobot's π0.5 layout", lerobot_name)
     model = Pi05Model(config)
     model.load_state_dict(tensors, strict=True)
     return model

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..base import LayoutError, check_tensors, lerobot_config
+from ..base import LayoutError, checked_config, lerobot_config
 from .layout import check_settings
 from .model import HEAD_DIM, SmolVLAConfig, SmolVLAModel, smolvlm_config
 
@@ -71,13 +71,8 @@ def load_folder(folder: str | Path) -> SmolVLAModel:
     folder = Path(folder)
     cfg = lerobot_config(folder, "smolvla", "LeRobot's SmolVLA folder, e.g. lerobot/smolvla_base")
     tensors = {k[len(PREFIX):] if k.startswith(PREFIX) else k: v for k, v in load_file(folder / "model.safetensors").items()}
-    try:
-        config = config_of(cfg, tensors)
-    except KeyError as e:
-        raise LayoutError(f"{folder}: not LeRobot's SmolVLA layout: no {PREFIX}{e.args[0]}") from None
-    with torch.device("meta"):
-        want = {k: v.shape for k, v in SmolVLAModel(config).state_dict().items()}
-    check_tensors(tensors, want, f"{folder}: not LeRobot's SmolVLA layout", lambda k: PREFIX + k)
+    config = checked_config(cfg, tensors, config_of, SmolVLAModel, f"{folder}: not LeRobot's SmolVLA layout",
+                            lambda k: PREFIX + k)
     model = SmolVLAModel(config)
     # the release mixes bf16 and fp32 tensors: each is cast to this model's dtype
     model.load_state_dict({k: v.to(model.state_proj.weight.dtype) for k, v in tensors.items()}, strict=True)

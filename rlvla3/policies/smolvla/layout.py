@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..prompts import CheckpointPrompt, load_tokenizer, tokenizer_folder
+from ..prompts import CheckpointPrompt, tokenizer_folder
 
 # config.json settings the model does not build: (key, what it must be, what is built)
 UNBUILT = [("attention_mode", lambda v: v == "cross_attn", "the cross-attention expert (smolvla_base's)"),
@@ -19,11 +19,8 @@ MARK = "<|im_end|>"   # SmolVLM2's padding token: present in its tokenizer, a ch
 
 
 class SmolVLAPrompt(CheckpointPrompt):
-    def __init__(self, folder: Path, length: int):
-        self.tok, self.length = load_tokenizer(folder), length
-        if self.tok.token_to_id(MARK) is None:
-            raise ValueError(f"{folder}/tokenizer.json has no {MARK} token: not SmolVLM2's tokenizer "
-                             "(policy.tokenizer: a local HuggingFaceTB/SmolVLM2-500M-Video-Instruct folder)")
+    required_token = MARK
+    tokenizer = "SmolVLM2's tokenizer (a local HuggingFaceTB/SmolVLM2-500M-Video-Instruct folder)"
 
     def ids(self, instruction: str) -> list[int]:
         text = instruction if instruction.endswith("\n") else instruction + "\n"
