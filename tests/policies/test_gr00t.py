@@ -24,7 +24,7 @@ from rlvla3.world import spec, validate
 from tests.conftest import LOGP_CHECK, TOY, damage_tensor, needs_mpi, obs_batch, run_logprob_check
 
 # SigLIP So400m's head size (72) so the vision head count read off the tensors is the one built.
-GR00T_TOY = [*TOY, "policy=gr00t", "policy.d_model=144", "policy.heads=2", "policy.layers=1", "policy.patch=7",
+GR00T_TOY = [*TOY, "policy=gr00t", "policy.d_model=72", "policy.heads=1", "policy.layers=1", "policy.patch=7",
              "policy.chunk=3", "policy.denoise_steps=3", "policy.instruction_len=24"]
 
 
@@ -54,20 +54,21 @@ def test_a_tiny_folder_in_the_released_layout_loads_back_exactly(tmp_path):
     model = write_folder(tmp_path, compose(GR00T_TOY))
     path = tmp_path / "gr00t" / "model.safetensors"
     t = load_file(path)
-    assert t["action_head.model.transformer_blocks.0.attn1.to_k.weight"].shape == (144, 144)      # cross: from the VL width
+    assert t["action_head.model.transformer_blocks.0.attn1.to_k.weight"].shape == (36, 72)   # cross: from the VL width
+    assert t["action_head.model.transformer_blocks.1.attn1.to_k.weight"].shape == (36, 36)   # self
     assert t["action_head.state_encoder.layer1.W"].shape[0] == 32                                   # the embodiment bank
     assert "backbone.eagle_model.vision_model.vision_model.encoder.layers.0.mlp.fc1.weight" in t
     assert "backbone.eagle_model.language_model.model.layers.0.self_attn.q_norm.weight" in t
     # what some saves add and the forward never reads: dropped by name
     t["backbone.eagle_model.language_model.lm_head.weight"] = torch.zeros(3)
-    t["backbone.eagle_model.vision_model.vision_model.head.probe"] = torch.zeros(1, 1, 144)
+    t["backbone.eagle_model.vision_model.vision_model.head.probe"] = torch.zeros(1, 1, 72)
     save_file(t, path, metadata={"format": "pt"})
     loaded = gr00t_folder.load_folder(tmp_path / "gr00t", 31)
     ours, theirs = model.state_dict(), loaded.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     c, d = model.config, loaded.config
     assert (d.text["head_dim"], d.vision["num_attention_heads"], d.dit_layers, d.future_tokens, d.embodiment) == \
-        (72, 2, c.dit_layers, c.future_tokens, 31)
+        (72, 1, c.dit_layers, c.future_tokens, 31)
 
 
 @pytest.mark.parametrize("damage", ["missing", "extra", "shape"])
@@ -75,7 +76,7 @@ def test_a_folder_that_is_not_the_released_layout_fails_naming_the_tensor(tmp_pa
     write_folder(tmp_path, compose(GR00T_TOY))
     path = tmp_path / "gr00t" / "model.safetensors"
     name = damage_tensor(path, damage, "action_head.model.transformer_blocks.1.attn1.to_k.weight",
-                         "action_head.model.transformer_blocks.1.norm3.weight", (144, 3))
+                         "action_head.model.transformer_blocks.1.norm3.weight", (36, 3))
     with pytest.raises(LayoutError, match=name.replace(".", r"\.")):
         gr00t_folder.load_folder(tmp_path / "gr00t", 31)
 

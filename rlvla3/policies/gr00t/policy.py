@@ -28,8 +28,9 @@ def tiny_config(pcfg, spec) -> Gr00tConfig:
                   patch_size=pcfg.patch, image_size=spec.image_size)
     text = dict(hidden_size=d, intermediate_size=4 * d, num_hidden_layers=pcfg.layers, num_attention_heads=heads,
                 num_key_value_heads=1, head_dim=d // heads, vocab_size=pcfg.vocab, rope_theta=1e6)
+    w = d // 2   # the DiT narrower than the features, as released (1536 against 2048)
     return Gr00tConfig(vision, text, action_horizon=spec.chunk, max_state_dim=spec.proprio_dim, max_action_dim=spec.action_dim,
-                       hidden_size=d, input_embedding_dim=d, dit_layers=2 * pcfg.layers, dit_heads=heads, dit_head_dim=d // heads,
+                       hidden_size=d, input_embedding_dim=w, dit_layers=2 * pcfg.layers, dit_heads=heads, dit_head_dim=w // heads,
                        dit_output_dim=d, vl_layers=pcfg.layers, vl_heads=heads, vl_head_dim=d // heads, future_tokens=4,
                        max_seq_len=max(64, spec.chunk), num_inference_steps=pcfg.denoise_steps)
 
