@@ -5,8 +5,8 @@
 #            batch 1/8/32 (tiny, openvla parallel/autoregressive/OFT chunks, pi0)
 #   stage 3  python -m rlvla3.tools.megatron_check --gpu: the Llama LM at TP = PP = 1 with Megatron's DDP
 #            and optimizer vs transformers + torch Adam (same logits, same weights after 3 steps)
-#   stage 4  python -m rlvla3.bench families --size published: openvla, openvla_oft, pi0, pi05, smolvla at their
-#            released sizes as the LIBERO presets set them up (random weights, LoRA 32, checkpointing,
+#   stage 4  python -m rlvla3.bench families --size published: openvla, openvla_oft, pi0, pi05, smolvla, gr00t at their
+#            released sizes as the LIBERO presets set them up (random weights, LoRA 32 or full as each preset sets it,
 #            FSDP2 on one rank in bf16), act and FSDP train-step time at batch 1/8/32 with peak GPU
 #            memory; and bench memory's meta-device prediction of the same configurations beside it
 # Files land in $OUT (default bench-out/) after each stage. Budget: under 8 minutes.
