@@ -348,7 +348,7 @@ class Gr00tModel(nn.Module):
         else:
             h = torch.cat([img, text], 1)
             valid = torch.cat([torch.ones(img.shape[:2], dtype=torch.bool, device=ids.device), ids != 0], 1)
-        out = lm(inputs_embeds=h, attention_mask=valid.long()).last_hidden_state
+        out = lm(inputs_embeds=h, attention_mask=valid.long(), use_cache=False).last_hidden_state
         head = self.action_head
         hidden = head.vl_self_attention(head.vlln(out), valid)
         return Features(hidden, valid, head.state_encoder(state, c.embodiment)[:, None])
