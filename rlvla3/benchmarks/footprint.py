@@ -168,15 +168,19 @@ def _saved_bytes(policy, layers, spec, n: int, autocast_dtype: torch.dtype | Non
 def no_value_checks():
     """Switch off the checks on the forward path that read a tensor's values (meta tensors have
     none): torch.distributions' argument validation, and transformers' tests of whether an
-    all-ones padding mask lets SDPA skip the causal or bidirectional mask (taken as "no": the
-    mask is then materialised, [n, 1, S, S] booleans, an upper bound)."""
+    all-ones padding mask lets SDPA skip the causal mask (taken as "no": the mask is then
+    materialised, [n, 1, S, S] booleans, an upper bound) or the bidirectional one (the same when
+    a padding mask is given, e.g. SmolVLM's vision tower's all-ones one; without one the test
+    reads no value and runs as it is)."""
     from transformers import masking_utils
 
     validate = torch.distributions.Distribution._validate_args
     skips = {name: getattr(masking_utils, name) for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")}
     torch.distributions.Distribution.set_default_validate_args(False)
-    for name in skips:
-        setattr(masking_utils, name, lambda *args, **kwargs: False)
+    masking_utils._ignore_causal_mask_sdpa = lambda *args, **kwargs: False
+    bidirectional = skips["_ignore_bidirectional_mask_sdpa"]
+    masking_utils._ignore_bidirectional_mask_sdpa = \
+        lambda padding_mask, *args, **kwargs: padding_mask is None and bidirectional(padding_mask, *args, **kwargs)
     try:
         yield
     finally:
