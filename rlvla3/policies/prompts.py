@@ -145,9 +145,17 @@ def write_tiny_tokenizer(folder: str | Path, style: str = "llama", vocab_size: i
                                                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                                  show_progress=False))
         tok.post_processor = processors.ByteLevel(trim_offsets=False)
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        tok.save(str(Path(folder) / "tokenizer.json"))
-        return
+    else:
+        tok = sentencepiece_style(style, vocab_size)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def sentencepiece_style(style: str, vocab_size: int):
+    """Llama-2's and PaliGemma's form: byte-fallback BPE, "▁" word marks, BOS by the post-processor."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
     specials = SPECIALS[style] + [f"<0x{b:02X}>" for b in range(256)]
     bos = "<s>" if style == "llama" else "<bos>"
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
@@ -155,6 +163,4 @@ def write_tiny_tokenizer(folder: str | Path, style: str = "llama", vocab_size: i
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
     tok.train_from_iterator(TINY_CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False))
     tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, specials.index(bos))])
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok.save(str(folder / "tokenizer.json"))
+    return tok

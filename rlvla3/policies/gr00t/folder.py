@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..base import LayoutError, checked_config
+from ..base import checked_config
+from . import layout
 from .model import Gr00tConfig, Gr00tModel, published_config
 
 VISION = "backbone.eagle_model.vision_model.vision_model."
@@ -53,17 +54,6 @@ def config_of(cfg: dict, t: dict[str, torch.Tensor], embodiment: int) -> Gr00tCo
                        noise_s=head_cfg.get("noise_s", 0.999))
 
 
-def read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"policy.pretrained={folder}: no config.json (a GR00T N1.5 folder, e.g. "
-                                "nvidia/GR00T-N1.5-3B or a fine-tune, saved locally); nothing is downloaded")
-    cfg = json.loads(path.read_text())
-    if cfg.get("model_type") != "gr00t_n1_5":
-        raise LayoutError(f"{path}: model_type={cfg.get('model_type')!r}; policy=gr00t loads GR00T N1.5 (model_type gr00t_n1_5)")
-    return cfg
-
-
 def weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -78,7 +68,7 @@ def load_folder(folder: str | Path, embodiment: int) -> Gr00tModel:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    cfg = read_config(folder)
+    cfg = layout.read_config(folder)
     tensors = {}
     for f in weight_files(folder):
         tensors.update({k: v for k, v in load_file(f).items() if not k.startswith(UNUSED)})

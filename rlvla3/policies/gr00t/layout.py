@@ -103,15 +103,23 @@ def encoder(pcfg):
 
 
 
+def read_config(folder: str | Path) -> dict:
+    """A GR00T N1.5 folder's config.json (model_type gr00t_n1_5)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"policy.pretrained={folder}: no config.json (a GR00T N1.5 folder, e.g. "
+                                "nvidia/GR00T-N1.5-3B or a fine-tune, saved locally); nothing is downloaded")
+    cfg = json.loads(path.read_text())
+    if cfg.get("model_type") != "gr00t_n1_5":
+        raise ValueError(f"{path} says model_type={cfg.get('model_type')!r}: policy=gr00t loads GR00T N1.5 "
+                         "(model_type gr00t_n1_5)")
+    return cfg
+
+
 def check_folder(folder: str | Path, proprio_dim: int, action_dim: int) -> None:
     """What a run needs of a GR00T folder, read before any rank starts: its model type, one
     embodiment with statistics of this env's sizes."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{folder}: no config.json (a GR00T N1.5 folder, saved locally); nothing is downloaded")
-    said = json.loads(path.read_text()).get("model_type")
-    if said != "gr00t_n1_5":
-        raise ValueError(f"{path} says model_type={said!r}: policy=gr00t loads GR00T N1.5 (model_type gr00t_n1_5)")
+    read_config(folder)
     _, entry = metadata(folder)
     source = f"{folder}/experiment_cfg/metadata.json"
     min_max_affine(entry["statistics"]["state"], proprio_dim, "state", source)

@@ -20,7 +20,7 @@ what GR00T computes for one unpadded prompt.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -53,7 +53,6 @@ class Gr00tConfig:
     # GR00T's time draw for the flow loss (SFT): t = (0.999 - Beta(1.5, 1)) / 0.999
     noise_beta: tuple = (1.5, 1.0)
     noise_s: float = 0.999
-    extra: dict = field(default_factory=dict)
 
     @property
     def chunk_size(self) -> int:

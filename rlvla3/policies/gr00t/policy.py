@@ -37,7 +37,7 @@ def tiny_config(pcfg, spec) -> Gr00tConfig:
 
 class Gr00tFlow(Pi0Flow):
     def __init__(self, pcfg, spec, published: bool = False):
-        self.entry = layout.metadata(pcfg.pretrained)[1] if pcfg.pretrained and not published else None
+        self.tag, self.entry = layout.metadata(pcfg.pretrained) if pcfg.pretrained and not published else (None, None)
         super().__init__(pcfg, spec, published)
         self.gripper = layout.gripper_dims(self.entry) if self.entry else []
         ids, self.image_token = layout.template(Path(pcfg.tokenizer or pcfg.pretrained), spec.cameras,
@@ -46,7 +46,7 @@ class Gr00tFlow(Pi0Flow):
 
     def build(self, pcfg, spec):
         if pcfg.pretrained:
-            return load_folder(Path(pcfg.pretrained), layout.EMBODIMENTS[layout.metadata(pcfg.pretrained)[0]])
+            return load_folder(Path(pcfg.pretrained), layout.EMBODIMENTS[self.tag])
         return Gr00tModel(tiny_config(pcfg, spec))
 
     def published(self):

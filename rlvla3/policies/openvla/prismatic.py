@@ -45,8 +45,6 @@ PREPROCESSOR = {"image_processor_type": "PrismaticImageProcessor", "processor_cl
 PUBLISHED_PARAMS = 7_541_237_184   # the released folder's tensors (transformers adds 2,048: DINOv2's mask token and cls position)
 
 
-
-
 # ------------------------------------------------------------------ reading and writing the folder
 def read_tensors(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a transformers-style folder (sharded with model.safetensors.index.json, or one file)."""

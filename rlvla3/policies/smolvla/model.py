@@ -23,7 +23,7 @@ Module names are LeRobot's minus the leading "model.", so a folder's tensors loa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -52,7 +52,6 @@ class SmolVLAConfig:
     time_sampling_beta_beta: float = 1.0
     time_sampling_scale: float = 0.999
     time_sampling_offset: float = 0.001
-    extra: dict = field(default_factory=dict)
 
     @property
     def text(self):
