@@ -61,15 +61,19 @@ def fit_step(spans: list[dict]) -> tuple[float, float]:
 
 
 def fit_infer(spans: list[dict]) -> tuple[float, float]:
-    """Forward ms = a + b * samples, least squares (b alone when one batch size was seen)."""
+    """Forward ms = a + b * samples, least squares.
+
+    When the run cannot resolve the line (one batch size seen, or noise that makes either
+    coefficient negative: a tiny forward on a busy machine) the whole forward is charged per
+    sample, a line through the origin. That over-prices big batches rather than calling them
+    free, which a zero slope would tell the planner."""
     n = np.array([s["batch"] for s in spans], float)
     t = np.array([s["d"] for s in spans]) * 1e3
-    if len(np.unique(n)) == 1:
-        return 0.0, float(t.mean() / n[0])
-    b, a = np.polyfit(n, t, 1)
-    if a < 0:  # a line through noise can dip below zero: refit through the origin
-        return 0.0, float((n @ t) / (n @ n))
-    return float(a), float(max(b, 0.0))
+    if len(np.unique(n)) > 1:
+        b, a = np.polyfit(n, t, 1)
+        if a >= 0 and b > 0:
+            return float(a), float(b)
+    return 0.0, float((n @ t) / (n @ n))
 
 
 def profile_from_run(run: str | Path, name: str | None = None) -> Profile:

@@ -8,7 +8,7 @@ import yaml
 from rlvla3 import planner as P
 from rlvla3.cluster.compose import CONF_DIR, compose
 from rlvla3.planner.cli import main as plan_main
-from rlvla3.planner.measure import profile_from_run
+from rlvla3.planner.measure import fit_infer, profile_from_run
 from rlvla3.world import derive, gpu_ranks
 from tests.conftest import TOY, assert_ok, needs_mpi, run_engine
 
@@ -166,6 +166,16 @@ def test_cli_writes_a_cluster_file_that_composes(tmp_path, capsys):
     derive(compose(P.override_strings(tree)))
     assert plan_main(["ladder", "--profile", str(LIBERO), "--gpus", "8"]) == 0
     assert "paper[S]" in capsys.readouterr().out
+
+
+def test_the_forward_fit_resolves_a_line_and_never_calls_batches_free():
+    line = [{"batch": n, "d": (2.0 + 0.5 * n) / 1e3} for n in (1, 2, 4, 8)]
+    assert fit_infer(line) == pytest.approx((2.0, 0.5))
+    # a tiny forward on a busy machine: time falls as the batch grows, noise not cost
+    noise = [{"batch": 1, "d": 3e-3}, {"batch": 2, "d": 2e-3}, {"batch": 4, "d": 2e-3}]
+    a, b = fit_infer(noise)
+    assert a == 0.0 and b == pytest.approx((3 + 4 + 8) / (1 + 4 + 16))
+    assert fit_infer([{"batch": 4, "d": 8e-3}] * 3) == pytest.approx((0.0, 2.0))
 
 
 @needs_mpi
