@@ -100,6 +100,9 @@ def policy(cfg: RunConfig) -> None:
     if not released_openvla(p):   # a released checkpoint resizes the frames to its own towers' input
         require(e.image_size >= p.patch, "env.image_size", e.image_size, f"must be >= policy.patch={p.patch}")
         require(e.image_size % p.patch == 0, "env.image_size", e.image_size, f"must be a multiple of policy.patch={p.patch}")
+    require(p.flow_rl == "fixed" or FAMILIES[p.name].samples == "chain", "policy.flow_rl", p.flow_rl,
+            f"policy={p.name} does not sample a denoising chain: flow_rl applies to "
+            f"{', '.join(n for n, f in FAMILIES.items() if f.samples == 'chain')}; drop the override")
     require(p.data_parallel == "replicate" or FAMILIES[p.name].torch, "policy.data_parallel", p.data_parallel,
             f"policy={p.name} has no torch model to shard: use data_parallel=replicate")
     if p.lm_backend == "megatron":

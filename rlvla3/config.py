@@ -162,9 +162,16 @@ class PolicyConfig:
     """openvla: the language model class (transformers): qwen2 | llama."""
     denoise_steps: int = 4
     """pi0, pi05, smolvla, gr00t: denoising steps per action chunk (each one a Gaussian transition, see flow_noise_std)."""
+    flow_rl: str = "fixed"
+    """the flow families (pi0, pi05, smolvla, gr00t): how each denoising step becomes a Gaussian with an exact
+    log-probability (policies/flow_rl.py): fixed (the flow's step plus noise of a learned std per action dim) | noise
+    (πRL's Flow-Noise: a network predicts each step's std) | sde (πRL's Flow-SDE: the ODE made the SDE with the
+    same marginals, noise level policy.flow_sde_level)."""
+    flow_sde_level: float = 0.5
+    """flow_rl=sde: a in the SDE's sigma_tau = a * sqrt(tau / (1 - tau)) (tau: the noise fraction)."""
     flow_noise_std: float = 0.2
-    """the flow families (pi0, pi05, smolvla, gr00t): initial std of the noise injected at each denoising step (learned per action dim,
-    kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability.
+    """the flow families (pi0, pi05, smolvla, gr00t), flow_rl=fixed|noise: initial std of the noise injected at each denoising
+    step (learned, kept in [0.01, 1]); it makes every step a Gaussian with a tractable log-probability.
     openvla_oft: the initial std of the Gaussian around the regressed chunk (normalised units)."""
     flow_start_std: float = 1.0
     """the flow families: std of the chain's start x_0 (1: the flow's own N(0, I)). log pi credits only the
@@ -269,6 +276,11 @@ class PolicyConfig:
         require(self.decoding in ("parallel", "autoregressive"), "policy.decoding", self.decoding, "use parallel or autoregressive")
         require(self.lm in ("qwen2", "llama"), "policy.lm", self.lm, "use qwen2 or llama")
         require(self.denoise_steps >= 1, "policy.denoise_steps", self.denoise_steps, "must be >= 1")
+        require(self.flow_rl in ("fixed", "noise", "sde"), "policy.flow_rl", self.flow_rl, "use fixed, noise or sde")
+        require(self.flow_rl != "sde" or self.denoise_steps >= 2, "policy.denoise_steps", self.denoise_steps,
+                "policy.flow_rl=sde needs at least 2 denoising steps (one step has no noise level to inject)")
+        require(0.0 < self.flow_sde_level <= 2.0, "policy.flow_sde_level", self.flow_sde_level,
+                "use a noise level in (0, 2] (πRL and Flow-GRPO use about 0.5-0.7)")
         require(self.lm_backend in ("transformers", "megatron"), "policy.lm_backend", self.lm_backend,
                 "use transformers or megatron")
         require(self.data_parallel in ("replicate", "fsdp"), "policy.data_parallel", self.data_parallel,

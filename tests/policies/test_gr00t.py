@@ -137,9 +137,9 @@ def test_act_and_evaluate_agree_and_the_flow_runs_from_noise_to_actions(tmp_path
         f, mask, _ = policy._prefix(images, proprio, tokens)
         x = noise[:, 0] * policy.start_std
         xp = torch.nn.functional.pad(x, (0, policy.model.config.max_action_dim - sp.action_dim))
-        mu = policy._mean_next(f, mask, None, x, 0)
+        u = policy.direction(f, mask, None, x, 0)   # flow_rl's dx/dtau: -GR00T's velocity
         v0 = policy.model.velocity(f, xp, torch.zeros(3))[..., :sp.action_dim]
-    torch.testing.assert_close(mu, x + v0 / policy.steps)
+    torch.testing.assert_close(x - u / policy.steps, x + v0 / policy.steps)
 
 
 def test_the_gripper_maps_as_gr00ts_libero_client_and_back(tmp_path):

@@ -76,11 +76,12 @@ class Gr00tFlow(Pi0Flow):
     def step_velocity(self, cache, mask, state, x, t):
         return self.velocity(cache, mask, state, x, t)
 
-    def _mean_next(self, cache, mask, state, x, k):
-        """mu_k = x_k + v(x_k, k / S) / S: GR00T integrates from noise (t = 0) to actions (t = 1)."""
+    def direction(self, cache, mask, state, x, k):
+        """u_k = dx/dtau (flow_rl's time, tau = 1 - k/S): GR00T integrates from noise (t = 0) to
+        actions (t = 1), its velocity a - eps at t = k/S is -u."""
         t = torch.full((x.shape[0],), k / self.steps, dtype=torch.float32, device=x.device)
         xp = nn.functional.pad(x, (0, self.model.config.max_action_dim - self.action_dim))
-        return x + self.velocity(cache, mask, state, xp, t)[..., :self.action_dim] / self.steps
+        return -self.velocity(cache, mask, state, xp, t)[..., :self.action_dim]
 
     def bc_loss(self, images, proprio, tokens, sample, actions):
         """GR00T's flow-matching loss per sample [n] (SFT): t = (s - Beta(a, b)) / s,

@@ -1,18 +1,10 @@
 """`pi0`: a π0-style flow-matching VLA (transformers' `PI0ForConditionalGeneration`: PaliGemma
 prefix, Gemma action expert attending to the prefix's KV cache) made into an RL policy.
 
-Sampling follows the flow-noise approach to RL on flow policies: ReinFlow (Zhang et al. 2025,
-https://arxiv.org/abs/2505.22094) and πRL's Flow-Noise (Chen et al. 2025,
-https://arxiv.org/abs/2510.25889). The deterministic Euler denoiser x_{k+1} = x_k + dt v(x_k, t_k)
-(dt = -1/S, t from 1 to 0, as π0) gets Gaussian noise at every step,
-
-    x_{k+1} = mu_k + sigma * eps_{k+1},   mu_k = x_k + dt * v_theta(x_k, t_k | obs),
-
-so each step is a Gaussian transition and the chain x_0 -> ... -> x_S has the tractable
-log pi = sum_k log N(x_{k+1}; mu_k, sigma^2) (x_0 ~ N(0, I) does not depend on theta and is left
-out). sigma is learned per action dim (ReinFlow learns it with a network; one vector here), kept
-in [0.01, 1]. The executed chunk is x_S clipped to [-1, 1]. The shard stores the whole chain,
-which is all the Trainer needs to recompute log pi with gradients. V(s) is a linear head on the
+Sampling makes every denoising step a Gaussian transition with an exact log-probability, one of
+three ways (policy.flow_rl: `fixed`, πRL's Flow-Noise, πRL's Flow-SDE; policies/flow_rl.py says
+each one). The shard stores the whole chain x_0..x_S, which is all the Trainer needs to recompute
+log pi with gradients; the executed chunk is x_S clipped to [-1, 1]. V(s) is a linear head on the
 mean of the prefix's last hidden states (valid positions).
 
 Random-initialised from `policy` sizes, or `policy.pretrained`: a local PI0 folder (transformers'
@@ -30,10 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from .. import flow_rl
 from ..base import Policy, load_strict
 from .layout import folder_normaliser
-
-LOG_STD_RANGE = (math.log(0.01), 0.0)
 
 
 def tiny_pi0_config(pcfg, spec):
@@ -67,6 +58,7 @@ class Pi0Flow(Policy):
     # The prefix's KV cache is filled by the VLM's layers and extended by the expert's at each
     # denoising step: policy.grad_checkpointing recomputes the vision tower only.
     cache_writers = ("model.model.vlm.language_model", "model.model.dit")
+    fully_trained = ("value_head", "noise_head")
 
     def __init__(self, pcfg, spec, published: bool = False):
         """published: the published configuration, random, no folder read, on the default device
@@ -81,7 +73,11 @@ class Pi0Flow(Policy):
             raise ValueError(f"the PI0 model has chunk_size={c.chunk_size}, max_action_dim={c.max_action_dim}, "
                              f"max_state_dim={c.max_state_dim}; this run needs policy.chunk={spec.chunk}, "
                              f"{spec.action_dim} action dims, {spec.proprio_dim} proprio dims")
-        self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
+        self.flow, self.sde_level = pcfg.flow_rl, pcfg.flow_sde_level
+        if self.flow == "fixed":
+            self.log_std = nn.Parameter(torch.full((spec.action_dim,), math.log(pcfg.flow_noise_std)))
+        elif self.flow == "noise":
+            self.noise_head = flow_rl.NoiseHead(spec.action_dim, pcfg.flow_noise_std)
         self.value_head = nn.Linear(self.prefix_width(), 1)
         state, self.action_affine = self.normaliser(pcfg, spec)
         self.register_buffer("state_scale", torch.from_numpy(state[0]), persistent=False)
@@ -142,14 +138,21 @@ class Pi0Flow(Policy):
         pad = self.model.config.max_state_dim - proprio.shape[1]
         return nn.functional.pad(proprio.float() * self.state_scale + self.state_shift, (0, pad))
 
-    def _mean_next(self, cache, mask, state, x, k):
-        """mu_k = x_k + dt * v(x_k, t_k): the mean of denoising step k (actions padded to the
-        model's max_action_dim and cut back)."""
+    def direction(self, cache, mask, state, x, k):
+        """u_k = dx/dtau at the chain's k-th state (flow_rl's time: tau = 1 - k/S the noise
+        fraction): π0 predicts it as its velocity at t = tau (actions padded to the model's
+        max_action_dim and cut back)."""
         n = x.shape[0]
-        t = torch.full((n,), 1.0 - k / self.steps, dtype=torch.float32, device=x.device)
+        t = torch.full((n,), flow_rl.noise_level(k, self.steps), dtype=torch.float32, device=x.device)
         xp = nn.functional.pad(x, (0, self.model.config.max_action_dim - self.action_dim))
-        v = self.step_velocity(cache, mask, state, xp, t)
-        return x - v[..., :self.action_dim] / self.steps
+        return self.step_velocity(cache, mask, state, xp, t)[..., :self.action_dim]
+
+    def transition(self, cache, mask, state, x, k, stochastic=None):
+        """(mean, std) of the chain's step k from x_k (policy.flow_rl's way)."""
+        u = self.direction(cache, mask, state, x, k)
+        return flow_rl.transition(self.flow, x, u, k, self.steps, sigma=self._sigma() if self.flow == "fixed" else None,
+                                  noise_head=getattr(self, "noise_head", None), sde_level=self.sde_level,
+                                  stochastic=stochastic)
 
     def step_velocity(self, cache, mask, state, x, t):
         """The velocity of one denoising step, the KV cache left as the prefix filled it: the
@@ -160,7 +163,7 @@ class Pi0Flow(Policy):
         return v
 
     def _sigma(self):
-        return self.log_std.clamp(*LOG_STD_RANGE).exp()
+        return self.log_std.clamp(*flow_rl.LOG_STD_RANGE).exp()
 
     # ------------------------------------------------------------ the policy interface
     @torch.no_grad()
@@ -168,30 +171,28 @@ class Pi0Flow(Policy):
         """Denoise from x_0 = policy.flow_start_std * noise[:, 0] with noise[:, k+1] injected at
         step k: chain [n, S+1, K, D] (x_0 is kept, so evaluate conditions on it as act did)."""
         cache, mask, value = self._prefix(images, proprio, tokens)
-        state, sigma = self._state(proprio), self._sigma()
+        state = self._state(proprio)
+        stochastic = noise[:, 1:].flatten(1).abs().amax(1) > 0   # greedy chains inject none: the ODE
         x = noise[:, 0] * self.start_std
         chain, logp = [x], torch.zeros(x.shape[0], device=x.device)
         for k in range(self.steps):
-            mu = self._mean_next(cache, mask, state, x, k)
-            x = mu + sigma * noise[:, k + 1]
-            logp = logp + torch.distributions.Normal(mu, sigma).log_prob(x).sum((-1, -2))
+            mean, std = self.transition(cache, mask, state, x, k, stochastic)
+            x = mean + std * noise[:, k + 1]
+            logp = logp + flow_rl.gaussian_logp(mean, std, x).sum((-1, -2))
             chain.append(x)
         return torch.stack(chain, 1), logp, value.float()
 
     def evaluate(self, images, proprio, tokens, sample, per_token: bool = False):
         """log pi of the stored chain (per_token: of each action coordinate's S transitions), the
-        entropy of the S Gaussian steps, V(s)."""
+        entropy of its S Gaussian steps, V(s)."""
         cache, mask, value = self._prefix(images, proprio, tokens)
-        state, sigma = self._state(proprio), self._sigma()
-        logp = 0.0
+        state = self._state(proprio)
+        logp, entropy = 0.0, 0.0
         for k in range(self.steps):
-            mu = self._mean_next(cache, mask, state, sample[:, k], k)
-            logp = logp + torch.distributions.Normal(mu, sigma).log_prob(sample[:, k + 1])
-        logp = self.coordinate_logp(logp, per_token)
-        per_step = (0.5 * math.log(2 * math.pi * math.e) + sigma.log()).sum() * self.chunk
-        # repeat, not expand: a tensor of its own, not a view (FSDP hooks the outputs)
-        entropy = (self.steps * per_step).repeat(images.shape[0])
-        return logp, entropy, value.float()
+            mean, std = self.transition(cache, mask, state, sample[:, k], k)
+            logp = logp + flow_rl.gaussian_logp(mean, std, sample[:, k + 1])
+            entropy = entropy + flow_rl.gaussian_entropy(std, mean)   # a tensor of its own per sample (FSDP hooks outputs)
+        return self.coordinate_logp(logp, per_token), entropy, value.float()
 
     def bc_loss(self, images, proprio, tokens, sample, actions):
         """π0's own flow-matching loss per sample [n] (SFT): x_t = t*eps + (1-t)*a with t drawn as
