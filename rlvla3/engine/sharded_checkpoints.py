@@ -15,6 +15,7 @@ checkpoint holds (version, counters, ledger, history, the row plan, the frozen b
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -22,6 +23,27 @@ from pathlib import Path
 SUFFIX = ".dcp"
 SHARDED = ("model", "optimizer", "prox")   # the parts every rank writes its shards of
 TRAINER_FILE = "trainer.pt"
+
+
+class TornFolder(OSError):
+    """A sharded checkpoint whose files do not read back whole (a shard cut short or gone).
+    An OSError, as a torn checkpoint file's error is, so the resume passes over it for the
+    checkpoint before it."""
+
+
+@contextlib.contextmanager
+def _read_errors(folder: Path):
+    """DCP reports a failed read as CheckpointException, a BaseException (every rank raises it
+    together: DCP gathers the ranks' errors), which no `except Exception` meets: it becomes a
+    TornFolder naming the folder and the first rank's error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as e:
+        rank, (err, _stack) = next(iter(e.failures.items()))   # rank -> (its exception, its stack)
+        line = (str(err).strip().splitlines() or [""])[0][:200]
+        raise TornFolder(f"{folder}: its shards do not read (rank {rank}: {type(err).__name__}: {line})") from None
 
 
 def save(state: dict, folder: Path, group, leader: bool) -> None:
@@ -58,7 +80,8 @@ def load_into(folder: Path, parts: dict, group) -> None:
     A tensor `parts` names that the folder lacks is an error naming it."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(parts, checkpoint_id=folder, process_group=group)
+    with _read_errors(folder):
+        dcp.load(parts, checkpoint_id=folder, process_group=group)
 
 
 def read_whole(folder: Path, parts: tuple[str, ...] = ("model", "prox")) -> dict:
@@ -77,5 +100,6 @@ def read_whole(folder: Path, parts: tuple[str, ...] = ("model", "prox")) -> dict
             nested.setdefault(path[0], {})[path[1]] = torch.empty(item.size, dtype=item.properties.dtype)
     with warnings.catch_warnings():   # DCP's note that no process group means one process: the point here
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(nested, checkpoint_id=folder, no_dist=True)
+        with _read_errors(folder):
+            dcp.load(nested, checkpoint_id=folder, no_dist=True)
     return nested

@@ -233,3 +233,22 @@ def test_a_shard_announced_twice_is_trained_once(tmp_path):
     assert trainer.plan.announced[1] == before   # one shard, counted once toward its step's rows
     r.run(timeout=120)
     check_every_shard_consumed_once(tmp_path, 2, 64)
+
+
+def test_a_torn_sharded_checkpoint_falls_back_to_the_one_before(tmp_path, capsys):
+    """DCP raises a failed read as a BaseException: a sharded folder with a shard cut short stopped
+    the resume instead of passing over it, as a torn checkpoint file is."""
+    fsdp = ("policy.data_parallel=fsdp",)
+    from tests.conftest import TOY
+
+    InProcessRun(compose([*TOY, "algo.max_versions=3", *fsdp]), tmp_path).run(timeout=240)
+    newest = tmp_path / "ckpt" / "v000003.dcp"
+    shard = next(newest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(checkpoints.CheckpointError, match="its shards do not read"):
+        checkpoints.read(newest)
+    cfg = config.replace(compose([*TOY, "algo.max_versions=4", *fsdp]), resume=True)
+    InProcessRun(cfg, tmp_path).run(timeout=240)
+    out = capsys.readouterr().out
+    assert f"checkpoint {newest} does not load" in out and "its shards do not read" in out
+    assert "resumed from v000002.dcp" in out and versions_done(tmp_path) == 4
