@@ -74,9 +74,11 @@ def env(cfg: RunConfig) -> None:
 
 
 def libero(e) -> None:
-    from .envs.libero_env import CAMERAS, SUITES
+    from .envs.libero_env import CAMERAS, PERTURBATIONS, PERTURBED, STANDARD_SUITES, SUITES
 
-    require(e.suite in SUITES, "env.suite", e.suite, f"use one of {', '.join(SUITES)}")
+    require(e.suite in SUITES, "env.suite", e.suite,
+            f"use one of {', '.join(STANDARD_SUITES)}, or a LIBERO-PRO perturbation <suite>_<{'|'.join(PERTURBATIONS)}> "
+            f"of {', '.join(PERTURBED)}")
     require(len(e.task_ids) >= 1, "env.task_ids", list(e.task_ids), "name at least one task of the suite")
     bad = [t for t in e.task_ids if not 0 <= t < SUITES[e.suite]]
     require(not bad, "env.task_ids", list(e.task_ids), f"{e.suite} has tasks 0..{SUITES[e.suite] - 1} (out of range: {bad})")

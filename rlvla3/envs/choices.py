@@ -50,14 +50,44 @@ def maniskill_refusals(e) -> list[str]:
     return [refuse("env.task", e.task, REGISTERED_ENVS)] if e.task not in REGISTERED_ENVS else []
 
 
+def libero_refusals(e) -> list[str]:
+    """A LIBERO-PRO suite's files, which the installed package does not always ship: each task's
+    BDDL file, and with env.init_states=fixed its fixed states (sampled placements need only the
+    BDDL; the run records them as sampled in init_states.json). The standard suites always ship."""
+    import os
+
+    from rlvla3.envs.libero_env import perturbation_of
+
+    if not perturbation_of(e.suite)[1]:
+        return []
+    from libero.libero import benchmark
+
+    suite = benchmark.get_benchmark_dict()[e.suite](task_order_index=0)
+    for t in e.task_ids:
+        bddl = suite.get_task_bddl_file_path(t)
+        if not os.path.isfile(bddl):
+            return [f"env.suite={e.suite}: task {t}'s BDDL file {bddl} is not in the installed LIBERO package; "
+                    "this perturbation cannot run here"]
+        if e.init_states == "fixed":
+            try:
+                suite.get_task_init_states(t)
+            except FileNotFoundError as err:   # its message names the file it looked for
+                return [f"env.suite={e.suite}: task {t}'s fixed initial states are not in the installed LIBERO package "
+                        f"({str(err).split('. ')[0]}); env.init_states=sampled draws placements from its BDDL regions "
+                        "instead (recorded as sampled in the run's init_states.json)"]
+    return []
+
+
 def camera_refusals(wanted, available) -> list[str]:
     missing = [c for c in wanted if c not in available]
     return [f"env.cameras={list(wanted)}: no camera {missing} in this scene; it has {sorted(available)}"] if missing else []
 
 
-CHECKS = {"robosuite": robosuite_refusals, "metaworld": metaworld_refusals, "maniskill": maniskill_refusals}
+CHECKS = {"robosuite": robosuite_refusals, "metaworld": metaworld_refusals, "maniskill": maniskill_refusals,
+          "libero": libero_refusals}
 """Envs whose packages list what they accept (toy and emulated take any task; LIBERO's suites, task
-ids and cameras are checked from its own tables before any interpreter starts, checks.libero;
+ids and cameras are checked from its own tables before any interpreter starts, checks.libero, and
+a LIBERO-PRO suite's files here;
 robocasa's tasks register only with its optional package, which says so itself when missing)."""
 
 

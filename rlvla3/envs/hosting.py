@@ -451,7 +451,7 @@ def check_env(cfg, timeout: float = 300.0) -> None:
     _ACCEPTED.add(key)
 
 
-CHOSEN = ("name", "task", "suite", "task_ids", "robot", "cameras")
+CHOSEN = ("name", "task", "suite", "task_ids", "init_states", "robot", "cameras")
 """The env fields `check_env`'s answer depends on (envs/choices.py reads no other)."""
 _ACCEPTED: set[str] = set()
 

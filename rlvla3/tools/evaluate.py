@@ -87,6 +87,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-steps", type=int, default=0, help="--protocol libero: step limit (default: the suite's)")
     ap.add_argument("--allow-train-states", action="store_true",
                     help="--protocol libero: evaluate a checkpoint trained on the fixed states (not held out)")
+    ap.add_argument("--generalization", action="store_true",
+                    help="--protocol libero: env.suite and each of its LIBERO-PRO perturbations, one table")
+    ap.add_argument("--perturbations", default="",
+                    help="--generalization: comma-separated perturbations (default all: lan,object,swap,task,env)")
     ap.add_argument("--videos", type=int, default=2, help="mp4 of the first N episodes of each task (0: none)")
     ap.add_argument("--lerobot", action="store_true", help="also write the episodes as a LeRobotDataset v3.0 in <out>/lerobot")
     ap.add_argument("--of-run", default="", metavar="RUN",
@@ -99,6 +103,20 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def refuse_bad_flags(a) -> None:
+    """Flags that contradict each other, named before anything runs."""
+    if a.episodes < 1:
+        raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
+    if a.repeats != 1 and a.protocol != "libero":
+        raise SystemExit(f"--repeats={a.repeats}: repeats fixed initial states, which only --protocol libero has; "
+                         "use --episodes for more episodes")
+    if (a.generalization or a.perturbations) and a.protocol != "libero":
+        raise SystemExit("--generalization/--perturbations run LIBERO-PRO's suites: add --protocol libero")
+    if a.perturbations and not a.generalization:
+        raise SystemExit(f"--perturbations {a.perturbations}: name the suites of a --generalization run "
+                         "(or give env.suite=<suite>_<perturbation>)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = parser()
     a = ap.parse_intermixed_args(argv)
@@ -109,11 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..cluster.local import run_local
     from ..engine.checkpoints import CheckpointError, ckpt_order, exists, read
 
-    if a.episodes < 1:
-        raise SystemExit(f"--episodes={a.episodes}: must be >= 1")
-    if a.repeats != 1 and a.protocol != "libero":
-        raise SystemExit(f"--repeats={a.repeats}: repeats fixed initial states, which only --protocol libero has; "
-                         "use --episodes for more episodes")
+    refuse_bad_flags(a)
     if not exists(a.checkpoint):
         raise SystemExit(f"--checkpoint {a.checkpoint}: no such checkpoint (a file, or a sharded run's vNNNNNN.dcp folder)")
     try:   # before any rank starts: memory-mapped, so a large checkpoint costs little here

@@ -13,6 +13,13 @@ most the binomial's). The step limit is the suite's
 (spatial 220, object 280, goal 300, libero_10 520, libero_90 400), after env.settle_steps no-op
 steps (default 10). --max-steps shortens it (for tests); the report then says it is not the protocol.
 
+LIBERO-PRO's perturbation suites (`env.suite=libero_object_swap`, ...: libero_env.PERTURBATIONS)
+run the same way, on their own fixed states at the standard suite's step limit; the report says
+what the suite changes. `--generalization` runs the checkpoint over env.suite (a standard suite)
+and each of its perturbations (--perturbations, default all five) into <out>/<suite>/, and prints
+one table: success with its Wilson interval per suite, and what each one changes; a perturbation
+whose files the installed package lacks is named as not run.
+
 Writes protocol.json (per task and per suite: successes, episodes, rate, 95% Wilson interval, mean
 episode length in env steps; the robosuite / mujoco / LIBERO versions the episodes ran on; wall
 time) and protocol.png (success per task with its interval) in the run folder. A checkpoint whose
@@ -178,7 +185,9 @@ def report(result: dict) -> str:
              f"{'' if result['standard_step_limit'] else ' (NOT the suite limit)'}  settle {result['settle_steps']}  "
              f"{'greedy' if result.get('greedy') else 'sampled'} actions  "
              f"{result.get('arm_controller', 'OSC_POSE')}  "
-             + "  ".join(f"{k} {v}" for k, v in result["versions"].items()),
+             + "  ".join(f"{k} {v}" for k, v in result["versions"].items())
+             + (f"\nLIBERO-PRO: {result['perturbation']['of']} with {result['perturbation']['changes']}"
+                if result.get("perturbation") else ""),
              f"{'task':>4}  {'success':>9}  {'rate':>6}  {'95% Wilson':>13}  {'mean len':>8}  instruction"]
     for t, r in result["tasks"].items():
         lines.append(f"{t:>4}  {r['successes']:>4}/{r['episodes']:<4}  {r['success_rate']:>6.1%}  "
@@ -193,15 +202,71 @@ def report(result: dict) -> str:
 
 def main(a, ckpt: Path, run_dir: Path) -> int:
     """The protocol run of parsed evaluate arguments `a` with the weights of `ckpt` (a.checkpoint,
-    or the mean of the last --average-last checkpoints ending there; see rlvla3/tools/evaluate.py)."""
+    or the mean of the last --average-last checkpoints ending there; see rlvla3/tools/evaluate.py):
+    env.suite's, or with --generalization env.suite's and its perturbations'."""
+    if not a.generalization:
+        result = run_suite(a, ckpt, run_dir, protocol_overrides(a.overrides))
+        return result if isinstance(result, int) else 0
+    return generalization(a, ckpt, run_dir)
+
+
+def generalization(a, ckpt: Path, run_dir: Path) -> int:
+    """The protocol over a standard suite and its LIBERO-PRO perturbations, one table."""
+    from ..cluster.compose import compose
+    from ..envs.hosting import check_env
+    from ..envs.libero_env import PERTURBATIONS, PERTURBED
+
+    overrides = protocol_overrides(a.overrides)
+    base = compose(overrides).env.suite
+    if base not in PERTURBED:
+        raise SystemExit(f"--generalization: env.suite={base} has no LIBERO-PRO perturbations; use one of {', '.join(PERTURBED)}")
+    keys = [k for k in a.perturbations.split(",") if k] if a.perturbations else list(PERTURBATIONS)
+    bad = [k for k in keys if k not in PERTURBATIONS]
+    if bad:
+        raise SystemExit(f"--perturbations {a.perturbations}: {bad} not among {', '.join(PERTURBATIONS)}")
+    rows = []
+    for suite, what in [(base, "nothing: the standard suite"), *((f"{base}_{k}", PERTURBATIONS[k]) for k in keys)]:
+        over = [*overrides, f"env.suite={suite}"]
+        try:   # a perturbation whose files the installed package lacks (checked in LIBERO's interpreter)
+            check_env(compose([*over, "env.init_states=fixed"]))
+        except ValueError as e:
+            rows.append({"suite": suite, "changes": what, "not_run": str(e)})
+            continue
+        result = run_suite(a, ckpt, run_dir / suite, over)
+        if isinstance(result, int):
+            return result
+        rows.append({"suite": suite, "changes": what, **result["suite"]})
+    table = {"checkpoint": a.checkpoint, "states": a.states, "repeats": a.repeats, "greedy": a.greedy, "suites": rows}
+    (run_dir / "generalization.json").write_text(json.dumps(table, indent=1))
+    print(generalization_report(table))
+    print(run_dir / "generalization.json")
+    return 0
+
+
+def generalization_report(table: dict) -> str:
+    lines = [f"LIBERO-PRO generalization  {table['checkpoint']}  {table['states']} states/task"
+             f"{'  x' + str(table['repeats']) if table['repeats'] > 1 else ''}  "
+             f"{'greedy' if table['greedy'] else 'sampled'} actions",
+             f"{'suite':<26}  {'success':>9}  {'rate':>6}  {'95% Wilson':>13}  changes"]
+    for r in table["suites"]:
+        if "not_run" in r:
+            lines.append(f"{r['suite']:<26}  {'not run':>9}  {'':>6}  {'':>13}  {r['changes']} ({r['not_run']})")
+        else:
+            lines.append(f"{r['suite']:<26}  {r['successes']:>4}/{r['episodes']:<4}  {r['success_rate']:>6.1%}  "
+                         f"{r['wilson95'][0]:>5.3f}-{r['wilson95'][1]:<5.3f}  {r['changes']}")
+    return "\n".join(lines)
+
+
+def run_suite(a, ckpt: Path, run_dir: Path, overrides: list[str]) -> dict | int:
+    """One suite's protocol run into `run_dir`: its result (also protocol.json), or the failed
+    run's exit code."""
     from .. import config
     from ..cluster.compose import compose
     from ..cluster.local import run_local
-    from ..envs.libero_env import MAX_STEPS, episode_of
+    from ..envs.libero_env import MAX_STEPS, PERTURBATIONS, episode_of, perturbation_of
     from .episodes import eval_overrides
     from .videos import episode_videos
 
-    overrides = protocol_overrides(a.overrides)
     cfg = compose(overrides)
     if cfg.env.name != "libero":
         raise SystemExit(f"--protocol libero: env.name={cfg.env.name!r}; the protocol runs env=libero")
@@ -220,7 +285,9 @@ def main(a, ckpt: Path, run_dir: Path) -> int:
     table = tabulate(read_episodes(run_dir, cfg.algo.max_versions), list(cfg.env.task_ids), a.states * a.repeats)
     for t, r in table["tasks"].items():
         r["instruction"] = facts["tasks"][t]
+    key = perturbation_of(cfg.env.suite)[1]
     result = {"protocol": "libero", "suite_name": cfg.env.suite, "checkpoint": a.checkpoint,
+              "perturbation": {"of": perturbation_of(cfg.env.suite)[0], "key": key, "changes": PERTURBATIONS[key]} if key else None,
               "average_last": a.average_last, "states": a.states, "repeats": a.repeats,
               "max_steps": cfg.env.horizon, "standard_step_limit": cfg.env.horizon == MAX_STEPS[cfg.env.suite],
               "settle_steps": cfg.env.settle_steps, "image_size": cfg.env.image_size, "cameras": list(cfg.env.cameras),
@@ -238,5 +305,5 @@ def main(a, ckpt: Path, run_dir: Path) -> int:
         return f"task{t}-{facts['tasks'][t]}"
 
     episode_videos(run_dir, cfg.algo.max_versions, a.videos, task_of)
-    return 0
+    return result
 

@@ -175,6 +175,33 @@ def test_bad_libero_settings_are_refused_before_any_rank_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_libero_pro_suites_keep_the_tasks_and_change_what_they_name(tmp_path):
+    """LIBERO-PRO's suites hold the standard suite's ten tasks in its order (so task ids, step
+    limits and held-out states carry over); a paraphrase or a new task reaches the prompt from the
+    suite's BDDL file, a changed scene leaves the standard instruction; a suite whose files the
+    installed package lacks is refused before any rank starts, naming the file."""
+    code = ("import json; from rlvla3.envs.libero_env import facts; "
+            "print(json.dumps({s: facts(s) for s in ('libero_object', 'libero_object_lan', 'libero_object_swap', "
+            "'libero_object_object', 'libero_object_task')}))")
+    p = subprocess.run([str(VENV_PYTHON), "-c", code], capture_output=True, text=True, timeout=300, env=foreign_env(),
+                       cwd=SOURCE_ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    f = json.loads(p.stdout.strip().splitlines()[-1])
+    standard = f["libero_object"]
+    for suite in ("libero_object_lan", "libero_object_swap", "libero_object_object", "libero_object_task"):
+        assert f[suite]["task_names"] == standard["task_names"], suite
+    assert f["libero_object_swap"]["tasks"] == f["libero_object_object"]["tasks"] == standard["tasks"]
+    lan, task = f["libero_object_lan"]["tasks"], f["libero_object_task"]["tasks"]
+    assert all(a != b for a, b in zip(lan, standard["tasks"])) and lan[0] == "grab alphabet soup and put it into basket"
+    assert task[0] == "pick the cream cheese and place it in the basket" != standard["tasks"][0]
+    assert f["libero_object_task"]["goals"][0] != standard["goals"][0]   # another object into the basket
+    with pytest.raises(ConfigError, match=r"libero_object_env: task 0's BDDL file .*libero_object_env/.*\.bddl is not in"):
+        prepare_run_dir(compose(["env=libero", "env.suite=libero_object_env"]), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"env\.suite.*LIBERO-PRO perturbation"):
+        prepare_run_dir(compose(["env=libero", "env.suite=libero_object_shuffled"]), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_image_pipeline_renders_at_its_size_and_prepares_each_camera(tmp_path):
     """env.image_pipeline=openvla renders LIBERO at 256 and hands the policy each camera as
     OpenVLA's evaluation prepares it (envs/images.py, checked on its own in test_images.py);
@@ -216,41 +243,55 @@ TINY = ["env.image_size=64", "env.cameras=[agentview]", "policy=tiny", "policy.p
 @needs_mpi
 @pytest.mark.slow
 def test_the_protocol_runs_each_task_and_state_once_through_the_engine(tmp_path):
-    """`evaluate --protocol libero` on libero_spatial tasks 0 and 1 x 2 fixed states (a step limit
-    of 6, not the suite's 220: CI time): Simulator ranks host LIBERO under .venv-libero's
-    interpreter, the tiny VLA acts, each (task, state) runs once, the report has Wilson intervals
-    and the simulator versions; the shards hold LIBERO's images, proprio and 7-D actions."""
+    """`evaluate --protocol libero --generalization` on libero_spatial tasks 0 and 1 x 2 fixed
+    states (a step limit of 6, not the suite's 220: CI time), with its paraphrased suite: Simulator
+    ranks host LIBERO under .venv-libero's interpreter, the tiny VLA acts, each (task, state) runs
+    once, the report has Wilson intervals and the simulator versions; the shards hold LIBERO's
+    images, proprio and 7-D actions. The paraphrased suite runs the same way, its protocol.json
+    saying what it changes and which instruction it gave; the scene swap the installed package
+    lacks files for is named in the one table as not run."""
     import numpy as np
 
     from rlvla3.engine import shards
 
     ckpt = tiny_checkpoint(tmp_path / "init.pt", ["env=libero", *TINY])
-    out = subprocess.run([sys.executable, "-m", "rlvla3.evaluate", "--protocol", "libero", "--checkpoint", str(ckpt),
+    out = subprocess.run([sys.executable, "-m", "rlvla3.evaluate", "--protocol", "libero", "--generalization",
+                          "--perturbations", "lan,env", "--checkpoint", str(ckpt),
                           "--states", "2", "--max-steps", "6", "--out", str(tmp_path / "eval"), "env.task_ids=[0,1]",
                           "env.num_envs=2", "env.settle_steps=2", *TINY, "runtime.tensorboard=false"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    result = json.loads((tmp_path / "eval" / "protocol.json").read_text())
+    run = tmp_path / "eval" / "libero_spatial"
+    result = json.loads((run / "protocol.json").read_text())
     assert {t: r["episodes"] for t, r in result["tasks"].items()} == {"0": 2, "1": 2}
     assert result["suite"]["episodes"] == 4 and result["max_steps"] == 6 and not result["standard_step_limit"]
     lo, hi = result["suite"]["wilson95"]
     assert lo <= result["suite"]["success_rate"] <= hi and hi > 0
     assert result["versions"]["robosuite"] == "1.4.0" and result["versions"]["mujoco"].startswith("2.3.")
-    assert result["tasks"]["0"]["instruction"].startswith("pick up the black bowl")
-    assert (tmp_path / "eval" / "protocol.png").stat().st_size > 0
+    assert result["tasks"]["0"]["instruction"].startswith("pick up the black bowl") and result["perturbation"] is None
+    assert (run / "protocol.png").stat().st_size > 0
     assert "(NOT the suite limit)" in out.stdout
-    split = json.loads((tmp_path / "eval" / "init_states.json").read_text())
+    split = json.loads((run / "init_states.json").read_text())
     assert split["purpose"] == "evaluation" and split["uses"]["kind"] == "fixed"
-    names = [n for n in shards.scan(tmp_path / "eval" / "shards") if shards.parse_name(n)[0] < 2]
-    seeds = sorted(s for n in names for s in shards.read_attrs(tmp_path / "eval" / "shards" / n)["reset_seeds"])
+    names = [n for n in shards.scan(run / "shards") if shards.parse_name(n)[0] < 2]
+    seeds = sorted(s for n in names for s in shards.read_attrs(run / "shards" / n)["reset_seeds"])
     assert seeds == [0, 1, 2, 3]
-    arrays, attrs = shards.read_shard(tmp_path / "eval" / "shards" / names[0])
+    arrays, attrs = shards.read_shard(run / "shards" / names[0])
     assert arrays["images"].shape[2:] == (1, 64, 64, 3) and arrays["proprio"].shape[-1] == 8
     assert arrays["actions"].shape[-1] == 7 and attrs["env"] == "libero"
     assert np.ptp(arrays["proprio"][:, :, :3]) > 0   # the arm moved
-    videos = sorted(p.name for p in (tmp_path / "eval" / "videos").glob("*.mp4"))   # --videos 2 per task (default)
+    videos = sorted(p.name for p in (run / "videos").glob("*.mp4"))   # --videos 2 per task (default)
     assert len(videos) == 4 and all(v.startswith(("task0-pick-up-the-black-bowl", "task1-pick-up-the-black-bowl"))
                                     for v in videos), videos
+    # LIBERO-PRO: the paraphrase ran as its own protocol; the scene swap is named, not run.
+    rows = {r["suite"]: r for r in json.loads((tmp_path / "eval" / "generalization.json").read_text())["suites"]}
+    assert list(rows) == ["libero_spatial", "libero_spatial_lan", "libero_spatial_env"]
+    assert rows["libero_spatial"]["episodes"] == rows["libero_spatial_lan"]["episodes"] == 4
+    assert "BDDL file" in rows["libero_spatial_env"]["not_run"] and "paraphrased" in rows["libero_spatial_lan"]["changes"]
+    lan = json.loads((tmp_path / "eval" / "libero_spatial_lan" / "protocol.json").read_text())
+    assert lan["perturbation"] == {"of": "libero_spatial", "key": "lan", "changes": rows["libero_spatial_lan"]["changes"]}
+    assert lan["tasks"]["0"]["instruction"] != result["tasks"]["0"]["instruction"]
+    assert "LIBERO-PRO generalization" in out.stdout and "not run" in out.stdout
 
 
 def test_the_protocol_refuses_a_checkpoint_trained_on_its_test_states(tmp_path):
