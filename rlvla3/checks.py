@@ -68,6 +68,11 @@ def env(cfg: RunConfig) -> None:
             f"the released evaluations' image pipelines are LIBERO's; env.name={e.name!r} renders direct")
     if e.name == "libero":
         libero(e)
+    require(e.task_sampling == "uniform" or (e.name == "libero" and len(e.task_ids) >= 2), "env.task_sampling",
+            e.task_sampling, "task_sampling=failure chooses among several tasks: give env=libero and at least two env.task_ids")
+    require(e.task_sampling == "uniform" or (ALGORITHMS[cfg.algo.name].shared_reset and not cfg.runtime.evaluate),
+            "env.task_sampling", e.task_sampling, f"the Simulator picks the task of a group's shared reset (algo=grpo); "
+            f"algo={cfg.algo.name} resets each env from its own seed: use task_sampling=uniform")
     require_path(interpreter(cfg), "env.python", "an interpreter of the env's virtual environment (<venv>/bin/python)",
                  want_dir=False)
     require(not e.python or os.access(interpreter(cfg), os.X_OK), "env.python", e.python, "is not executable")

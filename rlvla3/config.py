@@ -38,6 +38,14 @@ class EnvConfig:
     """libero: libero_spatial | libero_object | libero_goal | libero_10 | libero_90."""
     task_ids: list[int] = field(default_factory=lambda: [0])
     """libero: the suite's tasks this run uses (an episode's task is task_ids[seed % len])."""
+    task_sampling: str = "uniform"
+    """libero with several task_ids, GRPO: which task a group's next episode runs (engine/curriculum.py):
+    uniform | failure (drawn in proportion to each task's recent failure rate, at least
+    task_sampling_floor). Every multi-task run records each task's success per version (success_task<t>)."""
+    task_sampling_floor: float = 0.1
+    """task_sampling=failure: the least weight a task keeps (a learned task is still rehearsed; 1: uniform)."""
+    task_sampling_window: int = 32
+    """task_sampling=failure: a task's recent failure rate is over its last this many episodes on a Simulator rank."""
     init_states: str = "sampled"
     """libero: sampled (placements drawn from the task's regions, from the reset seed: training,
     disjoint from the evaluation states) | fixed (the suite's 50 fixed states, as evaluated)."""
@@ -131,6 +139,10 @@ class EnvConfig:
             require(getattr(self, name) > 0, f"env.{name}", getattr(self, name), "timeouts must be > 0")
         require(0.0 <= self.success_rate <= 1.0, "env.success_rate", self.success_rate, "must be in [0, 1]")
         require(self.init_states in ("sampled", "fixed"), "env.init_states", self.init_states, "use sampled or fixed")
+        require(self.task_sampling in ("uniform", "failure"), "env.task_sampling", self.task_sampling, "use uniform or failure")
+        require(0.0 < self.task_sampling_floor <= 1.0, "env.task_sampling_floor", self.task_sampling_floor,
+                "use a weight in (0, 1] (a task below it would starve)")
+        require(self.task_sampling_window >= 1, "env.task_sampling_window", self.task_sampling_window, "must be >= 1 episodes")
         require(self.settle_steps >= 0, "env.settle_steps", self.settle_steps, "must be >= 0")
 
 

@@ -26,6 +26,22 @@ def stale_weights(rows: float, stale: float, w_sum: float, w_sq_sum: float) -> d
     return {"stale_weight": w / stale, "stale_ess": w * w / (stale * w_sq) if w_sq > 0 else float("nan")}
 
 
+def task_success(arrived: list[ShardReady]) -> dict[str, float]:
+    """A multi-task run's per-task record of a version: success_task<t> and episodes_task<t> for
+    each task an episode of the version ran (flat keys: every sink takes them as scalars)."""
+    sums: dict[int, list[int]] = {}
+    for m in arrived:
+        for task, (eps, succ) in m.task_stats.items():
+            got = sums.setdefault(int(task), [0, 0])
+            got[0] += eps
+            got[1] += succ
+    out = {}
+    for task in sorted(sums):
+        eps, succ = sums[task]
+        out[f"success_task{task}"], out[f"episodes_task{task}"] = succ / eps, eps
+    return out
+
+
 class History:
     def __init__(self, records: list[dict] | None = None):
         self.records: list[dict] = records if records is not None else []
@@ -61,6 +77,7 @@ class History:
                **stale_weights(rows, stale, sums["behaviour_weight"], w_sq),
                "mixed_segments": sum(m.min_version < m.max_version for m in arrived) / max(len(arrived), 1),
                **{f"loss_{key}": sums.get(key, 0.0) / rows for key in LOSS_KEYS}}
+        rec.update(task_success(arrived))
         rec["steps_per_s"] = rec["env_steps"] / max(rec["version_s"], 1e-9)
         self.t_version = now
         self.records.append(rec)

@@ -10,7 +10,7 @@ Every sample carries the policy version that produced it.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 import numpy as np
@@ -83,6 +83,7 @@ class ShardReady:
     return_sum: float = 0.0
     env_errors: int = 0
     sim_rank: int = -1
+    task_stats: dict = field(default_factory=dict)   # a multi-task run: task -> [episodes, successes]
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,11 @@ import numpy as np
 
 from ..config import RunConfig
 from ..envs.hosting import GroupStep, make_vec_env
+from ..envs.libero_env import episode_of
 from ..policies.prompts import instruction_encoder
 from ..world import Group, World, group_seed, spec
 from . import checkpoints, shards
+from .curriculum import TaskCurriculum
 from .doorbell import Cadence, earliest
 from .obs_compression import obs_wire
 from .protocol import Done, Kind, ShardReady, Stop, Tag, action_codec, obs_codec, request_id
@@ -119,6 +121,21 @@ class RankContext:
     obs_codec: object
     act_codec: object
     expect_most: float       # seconds either side of a due reply (runtime.expect_spin_us)
+    tasks: TaskCurriculum | None = None   # a multi-task LIBERO run: per-task outcomes, the next task (curriculum.py)
+
+
+def new_stats() -> dict:
+    """A segment's rollout statistics (ShardReady's fields); task_stats: task -> [episodes, successes]."""
+    return {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0, "task_stats": {}}
+
+
+def task_curriculum(cfg: RunConfig) -> TaskCurriculum | None:
+    """A LIBERO run over several tasks records each task's outcomes (and, with
+    env.task_sampling=failure, draws its groups' tasks from them); None otherwise."""
+    e = cfg.env
+    if e.name != "libero" or len(e.task_ids) < 2:
+        return None
+    return TaskCurriculum(list(e.task_ids), e.task_sampling, e.task_sampling_floor, e.task_sampling_window)
 
 
 def segment_meta(cfg: RunConfig, world: World, g: Group, seq: int, rank: int) -> tuple[str, dict]:
@@ -153,7 +170,8 @@ class GroupLoop:
         self.cur_texts: list[str] = []               # the instructions the tokens of `cur` encode
         self.seq, self.t = first_seq, 0
         self.ret = np.zeros(g.size, np.float32)      # running episode return per env
-        self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
+        self.stats = new_stats()
+        self.episode_seeds = np.full(g.size, -1, np.int64)   # each env's current episode's reset seed
         self.send_req = self.recv_req = None
         self.t_sent = 0.0
         self.sent_at = 0.0                           # monotonic twin of t_sent
@@ -214,7 +232,10 @@ class GroupLoop:
         """`World.shared_reset`: every env of the group from one seed; else each env's own seeds."""
         self.alive[:] = True
         shared = self.ctx.world.shared_reset
-        self.env.start_reset(group_seed(self.ctx.cfg, self.g.gid, self.seq) if shared else None)
+        seed = group_seed(self.ctx.cfg, self.g.gid, self.seq) if shared else None
+        if seed is not None and self.ctx.tasks is not None:
+            seed = self.ctx.tasks.seed_for(seed)   # env.task_sampling: the group's task
+        self.env.start_reset(seed)
 
     def _send_request(self, kind: Kind) -> None:
         if self.send_req is not None:
@@ -258,6 +279,8 @@ class GroupLoop:
             self.t += 1
             if self.episodic and not self.alive.any() and not self.ctx.world.lockstep:
                 self._pad_segment()
+        started = out.reset_seeds >= 0
+        self.episode_seeds[started] = out.reset_seeds[started]
         self.cur = {"images": out.images, "proprio": out.proprio, "tokens": out.tokens}
         self.cur_texts = out.instructions
         if self.state == RESETTING and self.episodic:
@@ -292,6 +315,13 @@ class GroupLoop:
         st["return_sum"] += float(self.ret[ended].sum())
         st["env_errors"] += out.errors
         self.ret[ended] = 0.0
+        if self.ctx.tasks is not None:   # before the step's resets overwrite the ended episodes' seeds
+            for i in np.flatnonzero(ended):
+                task = episode_of(int(self.episode_seeds[i]), self.ctx.tasks.task_ids)[0]
+                self.ctx.tasks.record(task, bool(out.success[i]))
+                counts = st["task_stats"].setdefault(task, [0, 0])
+                counts[0] += 1
+                counts[1] += int(out.success[i])
 
     def _on_bootstrap(self) -> FinishedSegment:
         return self._end_segment(self.ctx.act_codec.unpack(self.reply_buf, self.g.size)["value"].copy())
@@ -304,7 +334,7 @@ class GroupLoop:
         self.seg = SegmentBuffer.allocate(self.T, self.g.size, self.ctx.spec)
         self.seq += 1
         self.t = 0
-        self.stats = {"episodes": 0, "successes": 0, "return_sum": 0.0, "env_errors": 0}
+        self.stats = new_stats()
         if self.episodic:
             self.state = RESETTING
             self._start_reset()
@@ -325,7 +355,8 @@ class Simulator:
         self.rank = transport.rank
         self.spec = spec(cfg)
         self.ctx = RankContext(cfg, world, self.spec, transport, metrics, instruction_encoder(cfg.policy),
-                               obs_codec(self.spec), action_codec(self.spec), cfg.runtime.expect_spin_us / 1e6)
+                               obs_codec(self.spec), action_codec(self.spec), cfg.runtime.expect_spin_us / 1e6,
+                               task_curriculum(cfg))
         self.shards_dir = run_dir / "shards"
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.groups = [GroupLoop(self.ctx, g, self._first_seq(g)) for g in world.groups_of_sim(self.rank)]

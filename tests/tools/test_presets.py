@@ -50,3 +50,7 @@ def test_every_preset_runs_a_version_at_tiny_size(name, tmp_path):
     assert proc.returncode == 0, f"+experiment={name}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     s = summary(run)
     assert s["versions"] == 1 and s["rows_trained"] >= cfg.algo.rollout_batch, s
+    if cfg.env.name == "libero" and len(cfg.env.task_ids) > 1:   # a multi-task run records each task's success
+        rec = s["history"][0]
+        per_task = {int(k.removeprefix("episodes_task")): v for k, v in rec.items() if k.startswith("episodes_task")}
+        assert per_task and set(per_task) <= set(cfg.env.task_ids) and sum(per_task.values()) == rec["episodes"], rec
