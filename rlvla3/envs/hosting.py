@@ -369,12 +369,20 @@ class ProcessVecEnv(_GroupBase):
         return self.gather(out)
 
     def close(self) -> None:
+        """Idle children are asked to close (5 s, then killed). A child still at work on a request
+        is killed at once: its answer would be discarded, and a reset building another task's
+        scene when the run stops held the rank for the whole wait (10 s of every multi-task
+        LIBERO run's end)."""
         for k, c in enumerate(self.conns):
+            if k in self._pending:
+                continue
             try:
                 c.send(("close",))
             except OSError:
                 pass
         for k, p in enumerate(self.procs):
+            if k in self._pending and p.is_alive():
+                p.kill()
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
