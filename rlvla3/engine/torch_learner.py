@@ -25,7 +25,7 @@ import torch
 from ..algo import ALGORITHMS, SegmentError, decoupled_ppo_loss, lr_at, vtrace
 from ..policies import make_policy
 from ..policies.base import flat_params, pick_device, zero_batch
-from ..policies.lora import trainable
+from ..policies.lora import peft_names, trainable
 from . import checkpoints, fsdp, sharded_checkpoints, shards
 from .checkpoints import CheckpointError, load_torch
 from .learners import STAT_KEYS, TERM_KEYS
@@ -130,7 +130,7 @@ def load_model(policy, model: dict, frozen: dict | None, source: str, keep_own: 
             mine = base_fp if base_fp is not None else frozen_fingerprint(policy, keys)
         check_base(frozen, mine, source)
         allowed |= set(keys)
-    todo = {k: v for k, v in model.items() if k not in keep_own}
+    todo = {k: v for k, v in peft_names(model).items() if k not in keep_own}
     missing, unexpected = policy.load_state_dict(todo, strict=False)
     if unexpected or set(missing) - allowed:
         raise RuntimeError(f"missing keys {sorted(set(missing) - allowed)}, unexpected keys {sorted(unexpected)}")

@@ -21,6 +21,7 @@ by 4e-8: tests/policies/test_memory.py), and an update below half a step of its 
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import torch
@@ -30,6 +31,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Output projections onto a vocabulary stay frozen and unadapted (peft's "all-linear" rule).
 SKIPPED = ("lm_head",)
 ADAPTER = "default"   # peft's adapter name: one adapter per model
+PRE_PEFT = re.compile(r"\.lora_([AB])\.weight$")
+
+
+def peft_names(model: dict) -> dict:
+    """A checkpoint's weights under peft's adapter names. Checkpoints written before LoRA went
+    through peft named an adapter `<linear>.lora_A.weight`, peft names it
+    `<linear>.lora_A.default.weight`; the tensors, the base's names (`<linear>.base_layer.weight`)
+    and the order of what trains (hence the optimizer state) are the same."""
+    return {PRE_PEFT.sub(rf".lora_\1.{ADAPTER}.weight", k): v for k, v in model.items()}
 
 
 class BaseLinear(nn.Linear):

@@ -146,3 +146,29 @@ def test_greedy_noise_acts_on_the_most_likely_action(family):
             assert not torch.allclose(greedy[:, -1], moved[:, -1])
             sampled = policy.act(images, proprio, tokens, noise)[0]
             assert not torch.allclose(greedy[:, -1], sampled[:, -1]), "the injected noise changed nothing"
+
+
+def test_a_checkpoint_from_before_peft_loads_its_adapters_by_their_old_names():
+    """Before LoRA went through peft a checkpoint named an adapter `<linear>.lora_A.weight`; a
+    resume or policy.init_from from one refused it (unexpected keys). They load by peft's names."""
+    from rlvla3.engine.torch_learner import frozen_fingerprint, frozen_keys, load_model
+    from rlvla3.policies.lora import apply_lora, trainable
+
+    def adapted():
+        policy, _ = build(name="openvla", chunk=2)
+        apply_lora(policy, 4, 8.0, "float32")
+        return policy
+
+    trained = adapted()
+    with torch.no_grad():
+        for p in trainable(trained):
+            p.add_(0.1 * torch.randn_like(p))
+    keys = frozen_keys(trained)
+    old = {re.sub(r"\.lora_([AB])\.default\.weight$", r".lora_\1.weight", k): v
+           for k, v in trained.state_dict().items() if k not in keys}
+    assert sum(".lora_A.weight" in k for k in old) >= 2 and not any(".default." in k for k in old)
+    fresh = adapted()
+    frozen = {"keys": keys, "fingerprint": frozen_fingerprint(fresh, keys), "base": "the same random base"}
+    load_model(fresh, old, frozen, "a pre-peft checkpoint")
+    for (name, a), b in zip(trained.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
