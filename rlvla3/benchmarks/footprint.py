@@ -212,13 +212,14 @@ class ShardedFootprint:
 
     - sharded over the ranks: every weight in its dtype (float32 masters of what trains, the
       frozen base in policy.lora_base_dtype), float32 gradients and Adam's moments of what trains,
-      and the π_prox / KL-reference replicas (each a whole policy, base included);
+      π_prox (a float32 copy of what trains: engine/fsdp.ProxShards) and a KL reference (a whole
+      policy, base included);
     - gathered in bf16, whole on every rank: the root's parameters for the whole forward (what no
       transformer layer holds) and two layers at a time (the one running, the next one
       prefetched), with the running layer's gradient in bf16 and float32 before its reduction;
     - activations of the forward under autocast to bf16;
-    - once per optimizer step, before the micro-batches: π_prox gathered whole in bf16 for the
-      forwards of loading the step's rows (only with a π_prox copy).
+    - once per optimizer step, before the micro-batches: the policy gathered whole in bf16 with
+      π_prox's values, for the forwards of loading the step's rows (only with a π_prox copy).
     """
 
     trainable: int
@@ -265,7 +266,7 @@ def sharded_footprint(cfg, spec, copies: int) -> ShardedFootprint:
                    if cfg.policy.grad_checkpointing else whole)
     return ShardedFootprint(
         trainable=trainable, frozen=total - trainable,
-        sharded=weights + 12.0 * trainable + copies * weights,
+        sharded=weights + 12.0 * trainable + 4.0 * trainable * min(copies, 1) + max(copies - 1, 0) * weights,
         gathered=2.0 * (root + 2 * largest) + 6.0 * largest,
         prox_whole=2.0 * total if copies else 0.0,
         activations=act[0], per_row=act[1] - act[0], ckpt=ckpt)

@@ -14,8 +14,9 @@ sample whose log-probability the loss needs.
 
 Every forward through a sharded model is a collective (each unit all-gathers): the Trainer runs
 its training micro-batches in lockstep (a rank with fewer rows runs zero-weight ones), and
-the π_prox forwards, whose count differs from rank to rank, run on a model gathered once
-(`gathered`). gloo on CPU, NCCL on GPU.
+the π_prox forwards, whose count differs from rank to rank, run on the policy gathered once with
+π_prox's values swapped into its shards (`ProxShards`: π_prox is a copy of what trains, never a
+second model). gloo on CPU, NCCL on GPU.
 
 Checkpoints are sharded too: each rank writes the shards it holds (sharded_checkpoints.py).
 """
@@ -117,3 +118,65 @@ def copy_model(dst, src) -> None:
     with torch.no_grad():
         for a, b in zip(dst.state_dict().values(), src.state_dict().values(), strict=True):
             a.copy_(b)
+
+
+class ProxShards:
+    """π_prox of a sharded policy: this rank's shards of what trains at the rollout step's start,
+    not a second model. A LoRA run's frozen base is never copied (a whole twin cost a second base
+    per rank: 15 GB at OpenVLA-7B in bf16 on one GPU); a full fine-tuning keeps the same bytes
+    as a twin would.
+
+    Its forwards run on the policy itself: `whole()` swaps these values into the policy's shards,
+    gathers the policy whole (its forwards then need no collective, so each rank runs as many as
+    it needs) and swaps the policy's own values back after. `evaluate` outside `whole()` would
+    run the current weights and is refused."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.values = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+        self.active = False
+
+    def refresh(self) -> None:
+        """The policy's current values become π_prox's (a new rollout step)."""
+        params = dict(self.policy.named_parameters())
+        with torch.no_grad():
+            for n, v in self.values.items():
+                v.copy_(params[n].detach())
+
+    def state_dict(self) -> dict:
+        return dict(self.values)
+
+    def tensors(self) -> list:
+        """The values in the order of the policy's trainable parameters (what Generators load)."""
+        return list(self.values.values())
+
+    def _swap(self) -> None:
+        params = dict(self.policy.named_parameters())
+        with torch.no_grad():
+            for n, v in self.values.items():
+                mine = params[n].detach()
+                held = mine.clone()   # one tensor at a time: the swap's only extra memory
+                mine.copy_(v)
+                v.copy_(held)
+
+    @contextlib.contextmanager
+    def whole(self):
+        """The policy gathered whole with π_prox's values (collective), in eval mode as the
+        Generators run it (a module's training mode can take another kernel: the log-prob
+        check then differs in its last bits)."""
+        training = self.policy.training
+        self._swap()
+        try:
+            with gathered(self.policy):
+                self.policy.eval()
+                self.active = True
+                yield self
+        finally:
+            self.active = False
+            self.policy.train(training)
+            self._swap()
+
+    def evaluate(self, *args, **kwargs):
+        if not self.active:
+            raise RuntimeError("π_prox's values are in the sharded policy only inside ProxShards.whole()")
+        return self.policy.evaluate(*args, **kwargs)

@@ -290,8 +290,10 @@ class TorchLearner:
         if self.prox is not None and self.megatron:
             self.prox.load_state_dict(self.policy.state_dict())   # reuse the replica
             return self.prox
-        if self.prox is not None and self.fsdp:
-            fsdp.copy_model(self.prox, self.policy)
+        if self.fsdp:   # the shards of what trains, swapped in for its forwards (fsdp.ProxShards)
+            if self.prox is None:
+                return fsdp.ProxShards(self.policy)
+            self.prox.refresh()
             return self.prox
         return self._clone()
 
@@ -395,7 +397,7 @@ class TorchLearner:
         """FSDP: π_prox gathered whole for the shard loading's forwards (their count differs from
         rank to rank: stale rows, the log-prob check), freed after; a no-op otherwise."""
         if self.fsdp and self.prox is not None and not self.cfg.runtime.evaluate:
-            return fsdp.gathered(self.prox)
+            return self.prox.whole()
         return contextlib.nullcontext()
 
     def _set_lr(self, opt_step: int) -> None:
@@ -614,17 +616,17 @@ class TorchLearner:
         Megatron gathers the model's shards and does not yet publish π_prox: after a mid-version
         resume it still republishes the moved-on model under the version's number."""
         if self.fsdp:
-            return self._gather_trainable(self.prox if self.prox is not None else self.policy)
+            return self._gather_trainable(self.prox.tensors() if self.prox is not None else trainable(self.policy))
         if not self.megatron:
             return flat_params(self.prox if self.prox is not None else self.policy)
         state = self._full_state()
         return torch.cat([state[name].detach().float().reshape(-1).cpu() for name in self.export_names]).numpy()
 
-    def _gather_trainable(self, model) -> np.ndarray | None:
-        """FSDP: flat float32 trainable parameters on Trainer 0, gathered one tensor at a time
-        (collective; the other ranks keep nothing)."""
+    def _gather_trainable(self, tensors) -> np.ndarray | None:
+        """FSDP: the trainable parameters `tensors` (sharded) flat float32 on Trainer 0, gathered
+        one tensor at a time (collective; the other ranks keep nothing)."""
         parts = []
-        for p in trainable(model):
+        for p in tensors:
             whole = fsdp.full(p.detach())
             if self.index == 0:
                 parts.append(whole.float().reshape(-1).cpu())
@@ -683,7 +685,7 @@ class TorchLearner:
         self._full_cache = None
         if "loaded_in_place" in state:
             if self.prox is not None and "prox" not in state["loaded_in_place"]:
-                fsdp.copy_model(self.prox, self.policy)   # at a version boundary π_prox is the model
+                self.prox.refresh()   # at a version boundary π_prox is the model
             return
         frozen = state.get("frozen")
         self._load_full_state(self.policy, state["model"], frozen)
