@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..folder_config import read_model_config
 from ..prompts import CheckpointPrompt, load_tokenizer, tokenizer_folder
 
 EMBODIMENTS = {"new_embodiment": 31, "oxe_droid": 17, "agibot_genie1": 26, "gr1": 24}   # GR00T N1.5's tag -> weight bank row
@@ -102,18 +103,9 @@ def encoder(pcfg):
     return Gr00tPrompt(tokenizer_folder(pcfg), pcfg.instruction_len) if pcfg.pretrained else None
 
 
-
 def read_config(folder: str | Path) -> dict:
     """A GR00T N1.5 folder's config.json (model_type gr00t_n1_5)."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"policy.pretrained={folder}: no config.json (a GR00T N1.5 folder, e.g. "
-                                "nvidia/GR00T-N1.5-3B or a fine-tune, saved locally); nothing is downloaded")
-    cfg = json.loads(path.read_text())
-    if cfg.get("model_type") != "gr00t_n1_5":
-        raise ValueError(f"{path} says model_type={cfg.get('model_type')!r}: policy=gr00t loads GR00T N1.5 "
-                         "(model_type gr00t_n1_5)")
-    return cfg
+    return read_model_config(folder, "gr00t_n1_5", "gr00t", "a GR00T N1.5 folder, e.g. nvidia/GR00T-N1.5-3B or a fine-tune")
 
 
 def check_folder(folder: str | Path, proprio_dim: int, action_dim: int) -> None:

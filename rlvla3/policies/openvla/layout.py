@@ -14,21 +14,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..folder_config import read_model_config
 from ..prompts import CheckpointPrompt, load_tokenizer, tokenizer_folder, write_tiny_tokenizer
 
 FILES = ("config.json", "preprocessor_config.json")
 
 
 def read_config(folder: str | Path) -> dict:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"policy.pretrained={folder}: no config.json (a released OpenVLA folder, e.g. "
-                                "openvla/openvla-7b, saved locally); nothing is downloaded")
-    cfg = json.loads(path.read_text())
-    if cfg.get("model_type") != "openvla":
-        raise ValueError(f"{path}: model_type={cfg.get('model_type')!r}; policy=openvla loads a released OpenVLA folder "
-                         "(model_type openvla)")
-    return cfg
+    return read_model_config(folder, "openvla", "openvla", "a released OpenVLA folder, e.g. openvla/openvla-7b")
 
 
 def norm_stats(folder: str | Path, cfg: dict) -> dict:
