@@ -220,6 +220,7 @@ class LiberoEnv:
         self.base = self.suite if base == cfg_env.suite else suites[base](task_order_index=0)
         self.tasks = list(cfg_env.task_ids)
         self.envs: dict[int, object] = {}   # task id -> its LIBERO env, built at its first episode
+        self.instructions: dict[int, str] = {}   # task id -> its instruction, read with its env (BDDL files)
         self.env = None
         self.instruction = ""
         self.raw: dict = {}   # the simulator's last observation (privileged: the expert's input only)
@@ -240,6 +241,7 @@ class LiberoEnv:
             if self.c.fast_render:
                 self.envs[task].env.set_xml_processor(no_msaa)
             self.lazy[task] = LazyCameras(self.envs[task].env, self.c.cameras)
+            self.instructions[task] = self.c.instruction or instruction(self.suite, self.base, task)
         return self.envs[task]
 
     def reset(self, seed: int) -> Obs:
@@ -248,7 +250,7 @@ class LiberoEnv:
         self.cameras = self.lazy[task]
         self.cameras.wanted = False   # the reset's own frames and the settle steps' are never looked at
         self.expert = None
-        self.instruction = self.c.instruction or instruction(self.suite, self.base, task)
+        self.instruction = self.instructions[task]
         np.random.seed(seed % 2**32)   # LIBERO's placement samplers draw from numpy's global RNG
         self.env.seed(seed % 2**32)
         raw = self.env.reset()
